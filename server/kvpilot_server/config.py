@@ -1,0 +1,51 @@
+"""Engine configuration: one dataclass, checked at start so bad combinations fail early."""
+
+from dataclasses import dataclass
+
+from kvpilot_server.errors import ConfigError
+
+GiB = 1 << 30
+
+
+@dataclass
+class EngineConfig:
+    model: str = "builtin://smollm2-135m-instruct"
+    dtype: str = "auto"  # auto: float32 on CPU (bf16 matmul is ~400x slower there), bf16 on CUDA
+    device: str = "auto"
+    block_size: int = 16
+    # KV cache size: bytes on CPU; fraction of free device memory on CUDA.
+    kv_cache_bytes: int = 2 * GiB
+    kv_cache_memory_fraction: float = 0.9
+    max_model_len: int | None = None  # None: the model's own limit
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        rules = [
+            (self.block_size >= 1, "block_size must be at least 1"),
+            (self.kv_cache_bytes > 0, "kv_cache_bytes must be positive"),
+            (0.0 < self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction must be in (0, 1]"),
+            (self.max_num_seqs >= 1, "max_num_seqs must be at least 1"),
+            (self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1"),
+            (self.max_model_len is None or self.max_model_len >= 2, "max_model_len must be >= 2"),
+            (self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}"),
+        ]
+        for ok, message in rules:
+            if not ok:
+                raise ConfigError(message)
+
+    def check_against_model(self, model_max_len: int, num_blocks: int) -> None:
+        """Checks that need the model and the cache size, run once they are known."""
+        assert self.max_model_len is not None
+        if self.max_model_len > model_max_len:
+            raise ConfigError(
+                f"max_model_len {self.max_model_len} exceeds the model's limit of {model_max_len}"
+            )
+        if num_blocks * self.block_size < self.max_model_len:
+            raise ConfigError(
+                f"KV cache holds {num_blocks * self.block_size} tokens ({num_blocks} blocks of "
+                f"{self.block_size}), fewer than one sequence of max_model_len "
+                f"{self.max_model_len}: raise the KV cache size or lower max_model_len"
+            )

@@ -1,0 +1,69 @@
+"""A Sequence is one request's tokens and its place in the KV cache."""
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from kvpilot_server.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Priority(enum.IntEnum):
+    """Lower value runs first: batch work only fills what interactive work leaves."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    priority: Priority = Priority.INTERACTIVE
+    arrival_time: float = field(default_factory=time.monotonic)
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0  # tokens whose K/V sit in the cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    block_table: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.token_ids)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def sort_key(self) -> tuple[int, float, int]:
+        """Scheduling order: class first, then arrival (FIFO within a class)."""
+        return (self.priority, self.arrival_time, self.seq_id)

@@ -1,0 +1,54 @@
+"""Exceptions the engine raises for bad input; the HTTP layer maps them to OpenAI-shaped errors."""
+
+
+class KvpilotError(Exception):
+    """Base class for every error kvpilot raises on purpose."""
+
+
+class InvalidRequestError(KvpilotError, ValueError):
+    """A request's parameters are invalid (HTTP 400)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ContextOverflowError(InvalidRequestError):
+    """Prompt plus requested completion does not fit the model's context (HTTP 400)."""
+
+    def __init__(self, max_model_len: int, prompt_tokens: int, max_tokens: int | None) -> None:
+        if max_tokens is None:
+            message = (
+                f"This model's maximum context length is {max_model_len} tokens, "
+                f"but the prompt has {prompt_tokens} tokens, leaving no room for a completion."
+            )
+        else:
+            message = (
+                f"This model's maximum context length is {max_model_len} tokens. "
+                f"However, you requested {prompt_tokens + max_tokens} tokens "
+                f"({prompt_tokens} in the prompt, {max_tokens} for the completion). "
+                "Please reduce the prompt or max_tokens."
+            )
+        super().__init__(message, param="messages")
+        self.max_model_len = max_model_len
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+
+
+class ConfigError(KvpilotError, ValueError):
+    """The engine configuration is invalid or inconsistent; raised at start."""
+
+
+class ModelLoadError(KvpilotError):
+    """The model could not be found or loaded (missing path, corrupt weights)."""
+
+
+class UnsupportedArchitectureError(ModelLoadError):
+    """The checkpoint's architecture has no kvpilot implementation."""
+
+    def __init__(self, architecture: str, supported: list[str]) -> None:
+        super().__init__(
+            f"Unsupported model architecture {architecture!r}. "
+            f"kvpilot supports: {', '.join(sorted(supported))}."
+        )
+        self.architecture = architecture
