@@ -68,9 +68,12 @@ class BlockPool:
             if block_id is None or self.blocks[block_id].tokens != tokens:
                 break
             hits.append(block_id)
-        self.num_queries += seq.num_prompt_tokens
-        self.num_hits += len(hits) * self.block_size
         return hits
+
+    def count_query(self, seq: Sequence, num_hit_blocks: int) -> None:
+        """Prefix-cache statistics, in tokens, counted once per admission."""
+        self.num_queries += len(seq)
+        self.num_hits += num_hit_blocks * self.block_size
 
     def commit_full_blocks(self, seq: Sequence) -> None:
         """Key every block of seq that is full and computed, so later requests can share it."""

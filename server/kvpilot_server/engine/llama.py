@@ -1,0 +1,108 @@
+"""Compact Llama-family model (Llama, Mistral, Qwen2, Qwen3) over a paged KV cache.
+
+Input is one flattened step: every scheduled token of every sequence in a single row-major batch.
+q/k/v and gate/up projections are fused into one matmul each (fewer, larger GEMMs).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot_server.engine.attention import AttentionMetadata, paged_attention
+from kvpilot_server.engine.model_config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Mirrors transformers: normalise in float32, scale in the model dtype.
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, window: int | None) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.window = window
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x, cos, sin, kv_cache, metas: dict[int | None, AttentionMetadata]):
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(-1, self.heads, self.head_dim)
+        k = k.view(-1, self.kv_heads, self.head_dim)
+        v = v.view(-1, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], metas[self.window])
+        return self.o_proj(out.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.intermediate, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(self.intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, window: int | None) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, window)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, kv_cache, metas):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metas)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, w) for w in cfg.layer_windows)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [N]
+        cos: torch.Tensor,  # [N, 1, head_dim], already indexed by position
+        sin: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        metas: dict[int | None, AttentionMetadata],
+        logits_rows: torch.Tensor,  # rows whose next-token logits are needed
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, kv_cache, metas)
+        # Only the last token of each sampling sequence needs the (large) vocabulary projection.
+        return self.lm_head(self.norm(x[logits_rows])).float()

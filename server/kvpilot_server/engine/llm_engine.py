@@ -1,0 +1,208 @@
+"""The synchronous engine: admit requests, run steps, hand back outputs.
+
+One step = schedule -> run the model -> sample -> detokenize/stop checks. A failure confined to
+one request fails that request only; a failure of the whole step fails the requests in it and
+the engine goes on with the rest.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from kvpilot_server.config import EngineConfig
+from kvpilot_server.engine.block_pool import BlockPool
+from kvpilot_server.engine.detokenizer import Detokenizer
+from kvpilot_server.engine.loader import load_model
+from kvpilot_server.engine.model_runner import (
+    ModelRunner,
+    allocate_kv_cache,
+    kv_bytes_per_block,
+)
+from kvpilot_server.engine.request import Request
+from kvpilot_server.engine.sampler import Sampler
+from kvpilot_server.engine.scheduler import Scheduler
+from kvpilot_server.engine.sequence import Priority, Sequence
+from kvpilot_server.errors import ContextOverflowError, InvalidRequestError, ModelLoadError
+from kvpilot_server.models.resolve import resolve_model
+from kvpilot_server.outputs import RequestMetrics, RequestOutput
+from kvpilot_server.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    running: dict[Priority, int]
+    waiting: dict[Priority, int]
+    kv_cache_usage: float
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = _device(config.device)
+        path = resolve_model(config.model)
+        self.model = load_model(path, _dtype(config.dtype, self.device), self.device)
+        self.tokenizer: PreTrainedTokenizerBase = _tokenizer(path)
+        cfg = self.model.cfg
+        if config.max_model_len is None:
+            config.max_model_len = cfg.max_position_embeddings
+        self.max_model_len = config.max_model_len
+        num_blocks = self._num_blocks()
+        config.check_against_model(cfg.max_position_embeddings, num_blocks)
+        self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.pool)
+        cache = allocate_kv_cache(self.model, num_blocks, config.block_size)
+        self.runner = ModelRunner(self.model, cache, config.block_size, self.max_model_len)
+        self.sampler = Sampler(cfg.eos_token_ids, config.seed)
+        self.requests: dict[str, Request] = {}
+
+    def _num_blocks(self) -> int:
+        per_block = kv_bytes_per_block(self.model, self.config.block_size)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * self.config.kv_cache_memory_fraction) // per_block
+        return self.config.kv_cache_bytes // per_block
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        priority: Priority = Priority.INTERACTIVE,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"Request id {request_id!r} is already in use")
+        token_ids = self._tokenize(prompt)
+        max_tokens = self._max_tokens(len(token_ids), params)
+        seq = Sequence(request_id, token_ids, params, max_tokens, priority)
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        self.requests[request_id] = Request(
+            seq=seq,
+            prompt=prompt if isinstance(prompt, str) else None,
+            detokenizer=Detokenizer(
+                self.tokenizer, token_ids, params.stop,
+                params.include_stop_str_in_output, params.skip_special_tokens,
+            ),
+            eos_token_ids=self.sampler.eos_token_ids,
+            max_model_len=self.max_model_len,
+            metrics=RequestMetrics(arrival_time=seq.arrival_time),
+            logprobs=[] if params.logprobs is not None else None,
+        )
+        self.scheduler.add(seq)
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer(prompt).input_ids
+        else:
+            token_ids = list(prompt)
+            vocab = self.model.cfg.vocab_size
+            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(
+                    f"Prompt token ids must be integers in [0, {vocab}); got {bad[:5]}", "prompt"
+                )
+        if not token_ids:
+            raise InvalidRequestError("The prompt is empty", "prompt")
+        return token_ids
+
+    def _max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
+        room = self.max_model_len - prompt_len
+        if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
+            raise ContextOverflowError(self.max_model_len, prompt_len, params.max_tokens)
+        return params.max_tokens or room
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        request.finish("abort")
+        return self._release(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        now = time.monotonic()
+        for seq in batch:
+            metrics = self.requests[seq.request_id].metrics
+            metrics.first_scheduled_time = metrics.first_scheduled_time or now
+        try:
+            logits, sampling = self.runner.run(batch)
+            for seq, n in batch.items():
+                seq.num_computed_tokens += n
+                self.pool.commit_full_blocks(seq)
+            samples = self.sampler.sample(logits, sampling)
+        except Exception as exc:  # the whole step failed: fail its requests, keep serving
+            log.exception("engine step failed; failing %d requests", len(batch))
+            return [self._fail(self.requests[s.request_id], exc) for s in batch]
+        outputs = []
+        for seq, sample in zip(sampling, samples, strict=True):
+            request = self.requests[seq.request_id]
+            try:
+                request.append(sample)
+            except Exception as exc:  # confined to this request
+                log.exception("request %s failed", seq.request_id)
+                outputs.append(self._fail(request, exc))
+                continue
+            outputs.append(self._release(request) if request.finished else request.take_output())
+        return outputs
+
+    def _fail(self, request: Request, exc: Exception) -> RequestOutput:
+        request.error = exc
+        request.finish("error")
+        return self._release(request)
+
+    def _release(self, request: Request) -> RequestOutput:
+        self.scheduler.remove(request.seq)
+        self.sampler.forget(request.seq)
+        del self.requests[request.seq.request_id]
+        return request.take_output()
+
+    def stats(self) -> EngineStats:
+        running = {p: 0 for p in Priority}
+        for seq in self.scheduler.running:
+            running[seq.priority] += 1
+        return EngineStats(
+            running=running,
+            waiting={p: self.scheduler.num_waiting(p) for p in Priority},
+            kv_cache_usage=self.pool.usage(),
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=self.pool.num_queries,
+            prefix_cache_hits=self.pool.num_hits,
+        )
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # bf16 matmul on these CPUs is ~400x slower than fp32; GPUs want bf16.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def _tokenizer(path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"Cannot load the tokenizer in {path}: {exc}") from exc

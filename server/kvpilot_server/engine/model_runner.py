@@ -1,0 +1,111 @@
+"""Runs one scheduled step on the model: flatten the batch, build attention metadata, get logits."""
+
+import torch
+
+from kvpilot_server.engine.attention import AttentionMetadata, PrefillChunk, causal_mask
+from kvpilot_server.engine.llama import LlamaForCausalLM
+from kvpilot_server.engine.model_config import rope_tables
+from kvpilot_server.engine.sequence import Sequence
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def allocate_kv_cache(model: LlamaForCausalLM, num_blocks: int, block_size: int) -> KVCache:
+    cfg, param = model.cfg, model.embed_tokens.weight
+    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    # Zeros, not empty: padded decode rows read unused slots, and 0 * NaN would poison them.
+    return [
+        (torch.zeros(shape, dtype=param.dtype, device=param.device),
+         torch.zeros(shape, dtype=param.dtype, device=param.device))
+        for _ in range(cfg.num_layers)
+    ]
+
+
+def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
+    cfg = model.cfg
+    itemsize = model.embed_tokens.weight.element_size()
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_size: int, max_len: int):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = model.embed_tokens.weight.device
+        cos, sin = rope_tables(model.cfg, max_len)
+        dtype = model.embed_tokens.weight.dtype
+        self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
+        self.windows = sorted(set(model.cfg.layer_windows), key=lambda w: w or 0)
+
+    @torch.inference_mode()
+    def run(self, batch: dict[Sequence, int]) -> tuple[torch.Tensor, list[Sequence]]:
+        """Logits for every sequence whose last token is computed in this step, in order."""
+        ordered = sorted(batch.items(), key=lambda item: item[1] != 1)  # decodes first
+        ids, positions, slots, rows, sampling = [], [], [], [], []
+        for seq, n in ordered:
+            start = seq.num_computed_tokens
+            ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            slots.extend(self._slot(seq, p) for p in range(start, start + n))
+            if start + n == len(seq):
+                rows.append(len(ids) - 1)
+                sampling.append(seq)
+        pos = torch.tensor(positions, device=self.device)
+        metas = {w: self._metadata(ordered, torch.tensor(slots, device=self.device), w)
+                 for w in self.windows}
+        logits = self.model(
+            torch.tensor(ids, device=self.device),
+            self.cos[pos].unsqueeze(1),
+            self.sin[pos].unsqueeze(1),
+            self.kv_cache,
+            metas,
+            torch.tensor(rows, device=self.device, dtype=torch.long),
+        )
+        return logits, sampling
+
+    def _slot(self, seq: Sequence, position: int) -> int:
+        return seq.block_table[position // self.block_size] * self.block_size + (
+            position % self.block_size
+        )
+
+    def _metadata(
+        self, ordered: list[tuple[Sequence, int]], slots: torch.Tensor, window: int | None
+    ) -> AttentionMetadata:
+        meta = AttentionMetadata(slot_mapping=slots)
+        decodes = [seq for seq, n in ordered if n == 1]
+        if decodes:
+            meta.num_decodes = len(decodes)
+            meta.decode_block_tables, meta.decode_mask = self._decode_tables(decodes, window)
+        row = len(decodes)
+        for seq, n in ordered[len(decodes) :]:
+            context = seq.num_computed_tokens + n
+            fresh = seq.num_computed_tokens == 0 and (window is None or window >= n)
+            blocks = seq.block_table[: -(-context // self.block_size)]
+            meta.prefills.append(PrefillChunk(
+                start=row,
+                end=row + n,
+                block_ids=torch.tensor(blocks, device=self.device),
+                context_len=context,
+                mask=None if fresh else causal_mask(context - n, n, context, window).to(self.device),
+            ))
+            row += n
+        return meta
+
+    def _decode_tables(
+        self, seqs: list[Sequence], window: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        lens = [seq.num_computed_tokens + 1 for seq in seqs]
+        width = -(-max(lens) // self.block_size)
+        # Padding points at block 0; the mask hides it.
+        tables = [seq.block_table[:width] + [0] * (width - len(seq.block_table[:width]))
+                  for seq in seqs]
+        context = torch.tensor(lens).unsqueeze(1)
+        keys = torch.arange(width * self.block_size).unsqueeze(0)
+        mask = keys < context
+        if window is not None:
+            mask &= context - 1 - keys < window
+        return (
+            torch.tensor(tables, device=self.device),
+            mask[:, None, None, :].to(self.device),
+        )

@@ -1,0 +1,79 @@
+"""One request's life after admission: its sequence, text so far, and when it must stop."""
+
+import time
+from dataclasses import dataclass, field
+
+from kvpilot_server.engine.detokenizer import Detokenizer
+from kvpilot_server.engine.sampler import Sample
+from kvpilot_server.engine.sequence import Sequence
+from kvpilot_server.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+
+@dataclass
+class Request:
+    seq: Sequence
+    prompt: str | None
+    detokenizer: Detokenizer
+    eos_token_ids: list[int]
+    max_model_len: int
+    metrics: RequestMetrics
+    logprobs: list[Sample] | None = None
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    error: Exception | None = None
+
+    def append(self, sample: Sample) -> None:
+        """Add one generated token and decide whether the request is done."""
+        seq, params = self.seq, self.seq.params
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = time.monotonic()
+        seq.token_ids.append(sample.token_id)
+        self.delta_token_ids.append(sample.token_id)
+        if self.logprobs is not None:
+            self.logprobs.append(sample)
+        self.delta_text += self.detokenizer.add(sample.token_id)
+        token, done_min = sample.token_id, seq.num_output_tokens >= params.min_tokens
+        if self.detokenizer.stop_reason is not None:
+            self.finish("stop", self.detokenizer.stop_reason)
+        elif done_min and not params.ignore_eos and token in self.eos_token_ids:
+            self.finish("stop")
+        elif done_min and token in params.stop_token_ids:
+            self.finish("stop", token)
+        elif seq.num_output_tokens >= seq.max_tokens or len(seq) >= self.max_model_len:
+            self.finish("length")
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
+        if self.seq.finish_reason is not None:
+            return
+        self.seq.finish_reason, self.seq.stop_reason = reason, stop_reason
+        self.delta_text += self.detokenizer.flush()
+        self.metrics.finished_time = time.monotonic()
+
+    @property
+    def finished(self) -> bool:
+        return self.seq.finish_reason is not None
+
+    def take_output(self) -> RequestOutput:
+        """A snapshot for the caller; the deltas restart from here."""
+        seq, det = self.seq, self.detokenizer
+        completion = CompletionOutput(
+            index=0,
+            text=det.text[: det.emitted],
+            token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            delta_text=self.delta_text,
+            delta_token_ids=self.delta_token_ids,
+        )
+        self.delta_text, self.delta_token_ids = "", []
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            outputs=[completion],
+            finished=self.finished,
+            metrics=self.metrics,
+            num_cached_tokens=seq.num_cached_tokens,
+            error=self.error,
+        )

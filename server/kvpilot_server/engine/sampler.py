@@ -1,0 +1,103 @@
+"""Turn next-token logits into tokens: penalties, temperature, top-k/top-p/min-p, seeds, logprobs.
+
+Greedy batches without penalties take one argmax over the batch. Everything else goes row by
+row: each seeded request draws from its own generator, so its samples do not depend on what
+else shares the batch.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from kvpilot_server.engine.sequence import Sequence
+
+
+@dataclass
+class Sample:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None  # best first, as OpenAI returns them
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: list[int], seed: int = 0) -> None:
+        self.eos_token_ids = eos_token_ids
+        self.generator = torch.Generator().manual_seed(seed)
+        self.seeded: dict[int, torch.Generator] = {}  # seq_id -> the request's own generator
+
+    def forget(self, seq: Sequence) -> None:
+        self.seeded.pop(seq.seq_id, None)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Sample]:
+        logits = logits.float().cpu()
+        if all(s.params.greedy and not self._needs_processing(s) for s in seqs):
+            tokens = logits.argmax(dim=-1).tolist()
+        else:
+            tokens = [self._sample_row(row, seq) for row, seq in zip(logits, seqs, strict=True)]
+        return [
+            self._with_logprobs(row, token, seq)
+            for row, token, seq in zip(logits, tokens, seqs, strict=True)
+        ]
+
+    def _needs_processing(self, seq: Sequence) -> bool:
+        return seq.params.penalized or seq.num_output_tokens < seq.params.min_tokens
+
+    def _sample_row(self, logits: torch.Tensor, seq: Sequence) -> int:
+        p = seq.params
+        logits = logits.clone()
+        if p.penalized:
+            apply_penalties(logits, seq)
+        if seq.num_output_tokens < p.min_tokens:
+            banned = [*p.stop_token_ids, *([] if p.ignore_eos else self.eos_token_ids)]
+            logits[banned] = float("-inf")
+        if p.greedy:
+            return int(logits.argmax())
+        probs = filter_probs(torch.softmax(logits / p.temperature, dim=-1), p.top_k, p.top_p, p.min_p)
+        return int(torch.multinomial(probs, 1, generator=self._generator(seq)))
+
+    def _generator(self, seq: Sequence) -> torch.Generator:
+        if seq.params.seed is None:
+            return self.generator
+        if seq.seq_id not in self.seeded:
+            self.seeded[seq.seq_id] = torch.Generator().manual_seed(seq.params.seed)
+        return self.seeded[seq.seq_id]
+
+    @staticmethod
+    def _with_logprobs(logits: torch.Tensor, token: int, seq: Sequence) -> Sample:
+        k = seq.params.logprobs
+        if k is None:
+            return Sample(token)
+        # Logprobs of the model's raw distribution, as vLLM reports them by default.
+        logprobs = torch.log_softmax(logits, dim=-1)
+        top = torch.topk(logprobs, k) if k else None
+        alternatives = list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else []
+        return Sample(token, float(logprobs[token]), alternatives)
+
+
+def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
+    """vLLM's semantics: repetition over prompt and output; presence/frequency over output."""
+    p = seq.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
+        values = logits[seen]
+        logits[seen] = torch.where(
+            values > 0, values / p.repetition_penalty, values * p.repetition_penalty
+        )
+    output = seq.output_token_ids
+    if output and (p.presence_penalty or p.frequency_penalty):
+        counts = torch.bincount(torch.tensor(output), minlength=logits.numel()).to(logits.dtype)
+        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def filter_probs(probs: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Zero out tokens outside top-k, the top-p nucleus and the min-p floor; never all of them."""
+    if top_k and top_k < probs.numel():
+        kth = torch.topk(probs, top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, 0.0)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        outside = sorted_probs.cumsum(0) - sorted_probs > top_p * sorted_probs.sum()
+        probs = probs.scatter(0, order[outside], 0.0)
+    if min_p > 0.0:
+        probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
+    return probs

@@ -1,0 +1,70 @@
+"""Offline generation in the style of vLLM: `LLM(model=...).generate(prompts, params)`."""
+
+import itertools
+from collections.abc import Sequence as Seq
+
+from tqdm import tqdm
+
+from kvpilot_server.config import EngineConfig
+from kvpilot_server.engine.llm_engine import LLMEngine
+from kvpilot_server.outputs import RequestOutput
+from kvpilot_server.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str = EngineConfig.model, **engine_args) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Outputs in the order of the prompts. A bare token-id list counts as one prompt."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        ids = []
+        for prompt, p in zip(prompts, params, strict=True):
+            ids.append(f"gen-{next(self._ids)}")
+            self.engine.add_request(ids[-1], prompt, p)
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.apply_chat_template(c) for c in conversations]
+        return self.generate(prompts, params, use_tqdm)
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        encoded = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(encoded["input_ids"])
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Generating", unit="req", disable=not use_tqdm)
+        try:
+            while len(done) < len(ids):
+                for output in self.engine.step():
+                    if output.finished:
+                        done[output.request_id] = output
+                        bar.update()
+        finally:
+            bar.close()
+            for request_id in set(ids) - set(done):
+                self.engine.abort_request(request_id)
+        return [done[i] for i in ids]

@@ -1,0 +1,67 @@
+"""Tiny random-weight checkpoints, one per supported architecture, for fast exact tests.
+
+Weights come from transformers' own model classes with a fixed seed, saved as safetensors beside
+the bundled tokenizer, so kvpilot loads them exactly like a real checkpoint. A large
+initializer_range keeps logits far apart, so greedy outputs vary from token to token.
+"""
+
+import shutil
+from pathlib import Path
+
+TINY_BASE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    initializer_range=0.2,
+    rms_norm_eps=1e-6,
+)
+
+# name -> (transformers config class, overrides)
+TINY_MODELS: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaConfig", {"tie_word_embeddings": False}),
+    "llama-tied-mha": ("LlamaConfig", {"tie_word_embeddings": True, "num_key_value_heads": 4}),
+    "mistral": ("MistralConfig", {"tie_word_embeddings": False, "sliding_window": None}),
+    "mistral-window": ("MistralConfig", {"tie_word_embeddings": False, "sliding_window": 24}),
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}),
+    "qwen3": ("Qwen3Config", {"tie_word_embeddings": True, "head_dim": 32}),
+}
+
+
+def build_tiny_model(name: str, target: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Write the tiny checkpoint `name` to target (once) and return target."""
+    import torch
+    import transformers
+
+    if (target / "config.json").is_file():
+        return target
+    class_name, overrides = TINY_MODELS[name]
+    config_class = getattr(transformers, class_name)
+    vocab = _vocab_size(tokenizer_dir)
+    config = config_class(**{**TINY_BASE, **overrides, "vocab_size": vocab})
+    config.bos_token_id, config.eos_token_id = _special_ids(tokenizer_dir)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for file in tokenizer_dir.iterdir():
+        if file.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            shutil.copy(file, tmp / file.name)
+    tmp.replace(target)
+    return target
+
+
+def _vocab_size(tokenizer_dir: Path) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(tokenizer_dir))
+
+
+def _special_ids(tokenizer_dir: Path) -> tuple[int, int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return tok.bos_token_id, tok.eos_token_id
