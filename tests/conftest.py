@@ -1,0 +1,85 @@
+"""Shared fixtures: the bundled real model, tiny random checkpoints and the HF oracle."""
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvpilot_server.models.builtin import builtin_path
+from kvpilot_server.models.tiny import TINY_MODELS, build_tiny_model
+
+# Plain English, sliced into prompts of any length (a real tokenizer on real text gives the
+# model realistic, well-separated next-token choices).
+CORPUS = (
+    "The river starts high in the mountains, where snow melts each spring and runs down "
+    "through pine forests into a wide green valley. Farmers in the valley grow wheat, apples "
+    "and potatoes, and every autumn they bring their harvest to the market in the old town. "
+    "The town has a stone bridge, a library with a clock tower, and a small museum about the "
+    "history of the railway that once carried timber to the coast. Children learn to swim in "
+    "the lake during summer, and in winter the same lake freezes so thick that people skate "
+    "on it for weeks. Scientists from the university measure the water every month to see "
+    "how the climate is changing, and they publish their results in a short report that "
+    "anyone can read. Tourists often ask the guides why the water is so cold and clear, and "
+    "the guides explain that it comes straight from the glaciers above the tree line. "
+)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    return builtin_path("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, smollm2) -> "functools.partial[Path]":
+    root = tmp_path_factory.mktemp("tiny")
+    return functools.partial(_tiny, root, smollm2)
+
+
+def _tiny(root: Path, tokenizer_dir: Path, name: str) -> Path:
+    return build_tiny_model(name, root / name, tokenizer_dir)
+
+
+@pytest.fixture(params=sorted(TINY_MODELS))
+def tiny_model(request, tiny_dir) -> Path:
+    return tiny_dir(request.param)
+
+
+@pytest.fixture(scope="session")
+def corpus_ids(smollm2) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    ids = tokenizer(CORPUS).input_ids
+    return (ids * (2048 // len(ids) + 1))[:2048]
+
+
+@functools.cache
+def _hf_model(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@functools.cache
+def _hf_greedy(path: Path, prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
+    model = _hf_model(path)
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=model.config.eos_token_id,
+        )
+    return tuple(out[0, len(prompt) :].tolist())
+
+
+@pytest.fixture(scope="session")
+def hf_greedy():
+    """The oracle: HF generate(do_sample=False) in float32, one request at a time."""
+
+    def run(path: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
+        return list(_hf_greedy(path, tuple(prompt), max_new_tokens))
+
+    return run
