@@ -105,8 +105,9 @@ class BlockPool:
         for block_id in reused:
             self._take(block_id)
             seq.block_table.append(block_id)
-        seq.num_computed_tokens += len(reused) * self.block_size
-        seq.num_cached_tokens = len(reused) * self.block_size
+        if reused:
+            seq.num_computed_tokens += len(reused) * self.block_size
+            seq.num_cached_tokens = len(reused) * self.block_size
         needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
         while len(seq.block_table) < needed:
             block_id = next(iter(self.free))
