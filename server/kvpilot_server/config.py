@@ -26,11 +26,17 @@ class EngineConfig:
         rules = [
             (self.block_size >= 1, "block_size must be at least 1"),
             (self.kv_cache_bytes > 0, "kv_cache_bytes must be positive"),
-            (0.0 < self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction must be in (0, 1]"),
+            (
+                0.0 < self.kv_cache_memory_fraction <= 1.0,
+                "kv_cache_memory_fraction must be in (0, 1]",
+            ),
             (self.max_num_seqs >= 1, "max_num_seqs must be at least 1"),
             (self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len must be >= 2"),
-            (self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}"),
+            (
+                self.dtype in ("auto", "float32", "bfloat16", "float16"),
+                f"unknown dtype {self.dtype!r}",
+            ),
         ]
         for ok, message in rules:
             if not ok:

@@ -116,7 +116,7 @@ class BlockPool:
             seq.block_table.append(block_id)
 
     def free_seq(self, seq: Sequence) -> None:
-        """Drop seq's references. Tail blocks are queued first: a shared prefix outlives its tail."""
+        """Drop seq's references. Tail blocks queue first, so a shared prefix outlives its tail."""
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1

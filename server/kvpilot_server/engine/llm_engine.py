@@ -91,8 +91,11 @@ class LLMEngine:
             seq=seq,
             prompt=prompt if isinstance(prompt, str) else None,
             detokenizer=Detokenizer(
-                self.tokenizer, token_ids, params.stop,
-                params.include_stop_str_in_output, params.skip_special_tokens,
+                self.tokenizer,
+                token_ids,
+                params.stop,
+                params.include_stop_str_in_output,
+                params.skip_special_tokens,
             ),
             eos_token_ids=self.sampler.eos_token_ids,
             max_model_len=self.max_model_len,

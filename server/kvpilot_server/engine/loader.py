@@ -1,4 +1,4 @@
-"""Load a Hugging Face checkpoint (config + safetensors) into kvpilot's model, fusing projections."""
+"""Load a Hugging Face checkpoint (config + safetensors) into kvpilot's model; fuse projections."""
 
 import json
 from collections.abc import Iterator
@@ -34,7 +34,11 @@ def load_hf_config(path: Path):
 
 def _shards(cfg: ModelConfig) -> dict[str, tuple[str, int, int]]:
     """HF projection name -> (fused parameter, row offset, rows)."""
-    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    q, kv, inter = (
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+        cfg.intermediate_size,
+    )
     return {
         "q_proj": ("qkv_proj", 0, q),
         "k_proj": ("qkv_proj", q, kv),
@@ -70,7 +74,8 @@ def _fill(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) 
             target = params[name] if rows is None else params[name][offset : offset + rows]
             if target.shape != tensor.shape:
                 raise ModelLoadError(
-                    f"Weight {hf_name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+                    f"Weight {hf_name} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(target.shape)}"
                 )
             target.copy_(tensor)
             pending.discard((name, offset))

@@ -104,4 +104,3 @@ def rope_tables(cfg: ModelConfig, max_len: int) -> tuple[torch.Tensor, torch.Ten
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), cfg.inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos() * cfg.rope_scaling, emb.sin() * cfg.rope_scaling
-

@@ -15,8 +15,10 @@ def allocate_kv_cache(model: LlamaForCausalLM, num_blocks: int, block_size: int)
     shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
     # Zeros, not empty: padded decode rows read unused slots, and 0 * NaN would poison them.
     return [
-        (torch.zeros(shape, dtype=param.dtype, device=param.device),
-         torch.zeros(shape, dtype=param.dtype, device=param.device))
+        (
+            torch.zeros(shape, dtype=param.dtype, device=param.device),
+            torch.zeros(shape, dtype=param.dtype, device=param.device),
+        )
         for _ in range(cfg.num_layers)
     ]
 
@@ -52,8 +54,10 @@ class ModelRunner:
                 rows.append(len(ids) - 1)
                 sampling.append(seq)
         pos = torch.tensor(positions, device=self.device)
-        metas = {w: self._metadata(ordered, torch.tensor(slots, device=self.device), w)
-                 for w in self.windows}
+        metas = {
+            w: self._metadata(ordered, torch.tensor(slots, device=self.device), w)
+            for w in self.windows
+        }
         logits = self.model(
             torch.tensor(ids, device=self.device),
             self.cos[pos].unsqueeze(1),
@@ -82,13 +86,17 @@ class ModelRunner:
             context = seq.num_computed_tokens + n
             fresh = seq.num_computed_tokens == 0 and (window is None or window >= n)
             blocks = seq.block_table[: -(-context // self.block_size)]
-            meta.prefills.append(PrefillChunk(
-                start=row,
-                end=row + n,
-                block_ids=torch.tensor(blocks, device=self.device),
-                context_len=context,
-                mask=None if fresh else causal_mask(context - n, n, context, window).to(self.device),
-            ))
+            meta.prefills.append(
+                PrefillChunk(
+                    start=row,
+                    end=row + n,
+                    block_ids=torch.tensor(blocks, device=self.device),
+                    context_len=context,
+                    mask=None
+                    if fresh
+                    else causal_mask(context - n, n, context, window).to(self.device),
+                )
+            )
             row += n
         return meta
 
@@ -98,8 +106,9 @@ class ModelRunner:
         lens = [seq.num_computed_tokens + 1 for seq in seqs]
         width = -(-max(lens) // self.block_size)
         # Padding points at block 0; the mask hides it.
-        tables = [seq.block_table[:width] + [0] * (width - len(seq.block_table[:width]))
-                  for seq in seqs]
+        tables = [
+            seq.block_table[:width] + [0] * (width - len(seq.block_table[:width])) for seq in seqs
+        ]
         context = torch.tensor(lens).unsqueeze(1)
         keys = torch.arange(width * self.block_size).unsqueeze(0)
         mask = keys < context

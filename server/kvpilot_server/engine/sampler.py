@@ -52,7 +52,9 @@ class Sampler:
             logits[banned] = float("-inf")
         if p.greedy:
             return int(logits.argmax())
-        probs = filter_probs(torch.softmax(logits / p.temperature, dim=-1), p.top_k, p.top_p, p.min_p)
+        probs = filter_probs(
+            torch.softmax(logits / p.temperature, dim=-1), p.top_k, p.top_p, p.min_p
+        )
         return int(torch.multinomial(probs, 1, generator=self._generator(seq)))
 
     def _generator(self, seq: Sequence) -> torch.Generator:
@@ -70,7 +72,9 @@ class Sampler:
         # Logprobs of the model's raw distribution, as vLLM reports them by default.
         logprobs = torch.log_softmax(logits, dim=-1)
         top = torch.topk(logprobs, k) if k else None
-        alternatives = list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else []
+        alternatives = (
+            list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else []
+        )
         return Sample(token, float(logprobs[token]), alternatives)
 
 

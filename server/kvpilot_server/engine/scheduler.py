@@ -82,7 +82,9 @@ class Scheduler:
                 seq = queue[0]
                 hits = self.pool.match_prefix(seq)
                 n = min(len(seq) - len(hits) * self.pool.block_size, self._budget(batch))
-                fits = len(self.running) < self.max_num_seqs and self.pool.can_allocate(seq, n, hits)
+                fits = len(self.running) < self.max_num_seqs and self.pool.can_allocate(
+                    seq, n, hits
+                )
                 if not fits:
                     if priority is Priority.INTERACTIVE and self._evict_batch_work(batch):
                         continue

@@ -57,7 +57,7 @@ def test_shared_system_prompt_hits_prefix_cache(smollm2, corpus_ids, hf_greedy):
     llm = LLM(kv_cache_bytes=128 * MiB, max_model_len=1024)
     system = [{"role": "system", "content": "You are a careful geography tutor. " * 16}]
     questions = ["Where is Peru?", "Name a river in Asia.", "What is a glacier?", "Is Oslo cold?"]
-    chats = [system + [{"role": "user", "content": q}] for q in questions]
+    chats = [[*system, {"role": "user", "content": q}] for q in questions]
     first = llm.chat(chats[0], SamplingParams(max_tokens=12, temperature=0.0))[0]
     rest = llm.chat(chats[1:], SamplingParams(max_tokens=12, temperature=0.0))
     for out in [first, *rest]:

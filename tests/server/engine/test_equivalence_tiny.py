@@ -25,8 +25,13 @@ def _check(llm: LLM, path, prompts, max_tokens, hf_greedy) -> None:
 def test_concurrent_requests_match_hf(tiny_model, corpus_ids, hf_greedy, block_size):
     llm = LLM(str(tiny_model), block_size=block_size, kv_cache_bytes=64 * MiB)
     lengths = [1, 2, 15, 16, 17, 31, 33, 64, 100, 150, 200, 250, 299, 300, 7, 90]
-    _check(llm, tiny_model, _prompts(corpus_ids, lengths), [5 + (i * 7) % 30 for i in range(16)],
-           hf_greedy)
+    _check(
+        llm,
+        tiny_model,
+        _prompts(corpus_ids, lengths),
+        [5 + (i * 7) % 30 for i in range(16)],
+        hf_greedy,
+    )
 
 
 def test_chunked_prefill_matches_hf(tiny_model, corpus_ids, hf_greedy):
@@ -45,8 +50,12 @@ def test_prefix_cache_hits_match_hf(tiny_model, corpus_ids, hf_greedy):
 
 def test_preemption_matches_hf(tiny_model, corpus_ids, hf_greedy):
     # Room for about one long sequence at a time: the scheduler must preempt and recompute.
-    llm = LLM(str(tiny_model), kv_cache_bytes=_bytes_for_tokens(tiny_model, 400), max_model_len=400,
-              enable_prefix_caching=False)
+    llm = LLM(
+        str(tiny_model),
+        kv_cache_bytes=_bytes_for_tokens(tiny_model, 400),
+        max_model_len=400,
+        enable_prefix_caching=False,
+    )
     _check(llm, tiny_model, _prompts(corpus_ids, [150, 120, 180, 90]), [60] * 4, hf_greedy)
     assert llm.engine.scheduler.num_preemptions > 0
 

@@ -1,0 +1,1 @@
+"""kvpilot's Kubernetes operator (kopf). Never imports torch or transformers."""

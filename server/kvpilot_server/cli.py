@@ -1,0 +1,39 @@
+"""The `kvpilot` command. Subcommands import their heavy dependencies only when they run."""
+
+import argparse
+import sys
+
+from kvpilot_server.engine_args import add_engine_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvpilot", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser(
+        "generate",
+        help="offline batch generation: prompts in, JSONL out",
+        description="Generate completions offline. Each prompt is a string argument, or a line "
+        'of a JSONL file: {"prompt": "..."} or {"messages": [...]} (chat template applied), with '
+        "optional per-line max_tokens/temperature/top_p/seed/stop. One JSON result per line.",
+    )
+    generate.add_argument("prompts", nargs="*", help="prompt strings")
+    generate.add_argument("--input", "-i", help="JSONL file of requests ('-' for stdin)")
+    generate.add_argument("--output", "-o", help="JSONL file for results (default stdout)")
+    generate.add_argument("--chat", action="store_true", help="apply the chat template to prompts")
+    generate.add_argument("--max-tokens", type=int, default=128)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    add_engine_args(generate)
+
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        from kvpilot_server.generate import run_generate
+
+        return run_generate(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

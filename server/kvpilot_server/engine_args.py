@@ -1,0 +1,50 @@
+"""Engine settings as command-line flags, shared by every subcommand that runs the engine."""
+
+import argparse
+import dataclasses
+
+from kvpilot_server.config import EngineConfig
+
+_HELP = {
+    "model": "builtin://NAME, hf://ORG/NAME or a local Hugging Face checkpoint directory",
+    "dtype": "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16",
+    "device": "auto, cpu or cuda[:N]",
+    "block_size": "tokens per KV cache block",
+    "kv_cache_bytes": "KV cache size on CPU: bytes, or with a unit (512MiB, 4GiB)",
+    "kv_cache_memory_fraction": "fraction of free GPU memory for the KV cache on CUDA",
+    "max_model_len": "context length limit (default: the model's own)",
+    "max_num_seqs": "most sequences in one step",
+    "max_num_batched_tokens": "most tokens in one step (longer prompts are prefilled in chunks)",
+    "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
+    "seed": "seed for requests that bring none",
+}
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type is bool or f.type == "bool":
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=_HELP[f.name]
+            )
+        else:
+            kind = int if "int" in str(f.type) else float if "float" in str(f.type) else str
+            kind = parse_bytes if f.name.endswith("_bytes") else kind
+            group.add_argument(flag, type=kind, default=f.default, help=_HELP[f.name])
+
+
+_UNITS = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def parse_bytes(text: str) -> int:
+    """'4GiB' -> 4294967296; a plain number is bytes."""
+    lowered = text.strip().lower()
+    for unit, factor in _UNITS.items():
+        if lowered.endswith(unit):
+            return int(float(lowered.removesuffix(unit)) * factor)
+    return int(lowered)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
