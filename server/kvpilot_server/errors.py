@@ -52,3 +52,11 @@ class UnsupportedArchitectureError(ModelLoadError):
             f"kvpilot supports: {', '.join(sorted(supported))}."
         )
         self.architecture = architecture
+
+
+class RequestFailedError(KvpilotError):
+    """A request failed inside the engine (HTTP 500); other requests were not affected."""
+
+
+class EngineDeadError(KvpilotError):
+    """The engine loop has stopped; no request can be served (HTTP 503)."""

@@ -166,6 +166,9 @@ class LLMEngine:
             outputs.append(self._release(request) if request.finished else request.take_output())
         return outputs
 
+    def fail_all(self, exc: Exception) -> list[RequestOutput]:
+        return [self._fail(request, exc) for request in list(self.requests.values())]
+
     def _fail(self, request: Request, exc: Exception) -> RequestOutput:
         request.error = exc
         request.finish("error")

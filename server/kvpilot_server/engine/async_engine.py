@@ -1,0 +1,173 @@
+"""The engine behind an asyncio server: the step loop runs in its own thread.
+
+Callers talk to the loop through an inbox (add, abort); outputs come back on one asyncio queue
+per request. Only the loop thread touches engine state, so the engine needs no locks. A consumer
+that stops iterating (client gone, timeout, cancellation) aborts its request, and the abort
+frees its KV blocks before the next step.
+"""
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from kvpilot_server.config import EngineConfig
+from kvpilot_server.engine.llm_engine import LLMEngine
+from kvpilot_server.engine.sequence import Priority
+from kvpilot_server.errors import EngineDeadError, RequestFailedError
+from kvpilot_server.outputs import RequestOutput
+from kvpilot_server.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+_IDLE_WAIT_S = 0.05
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._loop, name="kvpilot-engine", daemon=True)
+        self.error: BaseException | None = None  # set if the loop itself died
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "AsyncEngine":
+        return cls(LLMEngine(config))
+
+    def start(self) -> "AsyncEngine":
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    # -- caller side (event loop) -------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request as they come; raises bad-input errors before the first one."""
+        if not self.alive:
+            raise EngineDeadError("The engine loop is not running")
+        request_id = request_id or f"req-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        try:
+            await self._call(loop, self._add, request_id, prompt, params, priority, loop, outputs)
+        except asyncio.CancelledError:
+            self.abort(request_id)  # the add may already have happened
+            raise
+        finished = False
+        try:
+            while not finished:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.error is not None:
+                    raise RequestFailedError(f"Request {request_id} failed: {item.error}")
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._submit(lambda: self._abort(request_id))
+
+    async def _call(self, loop: asyncio.AbstractEventLoop, fn: Callable, *args: Any) -> Any:
+        """Run fn(*args) on the engine thread and await its result or exception."""
+        future = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = fn(*args)
+            except Exception as exc:
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+        self._submit(run)
+        return await future
+
+    def _submit(self, fn: Callable[[], None]) -> None:
+        self._inbox.put(fn)
+        self._wake.set()
+
+    # -- engine thread ------------------------------------------------------------------------
+
+    def _add(self, request_id, prompt, params, priority, loop, outputs) -> None:
+        self.engine.add_request(request_id, prompt, params, priority)
+        self._streams[request_id] = (loop, outputs)
+
+    def _abort(self, request_id: str) -> None:
+        output = self.engine.abort_request(request_id)
+        if output is not None:
+            self._deliver(output)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_inbox()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(_IDLE_WAIT_S)
+                    self._wake.clear()
+                    continue
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:  # an engine bug: fail what is in flight, keep serving
+                    log.exception("engine step failed outside any request")
+                    outputs = self.engine.fail_all(exc)
+                for output in outputs:
+                    self._deliver(output)
+        except BaseException as exc:
+            self.error = exc
+            log.critical("engine loop died", exc_info=exc)
+            for loop, outputs in self._streams.values():
+                loop.call_soon_threadsafe(outputs.put_nowait, EngineDeadError(str(exc)))
+            raise
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                fn = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            fn()
+
+    def _deliver(self, output: RequestOutput) -> None:
+        stream = (
+            self._streams.pop(output.request_id, None)
+            if output.finished
+            else self._streams.get(output.request_id)
+        )
+        if stream is not None:
+            loop, outputs = stream
+            try:
+                loop.call_soon_threadsafe(outputs.put_nowait, output)
+            except RuntimeError:  # the caller's event loop is closed: nobody is listening
+                self.engine.abort_request(output.request_id)
+
+
+def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

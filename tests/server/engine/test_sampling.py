@@ -1,0 +1,91 @@
+"""Sampling: seeds independent of the batch, top-k=1 is greedy, stops, penalties, logprobs."""
+
+import torch
+
+from kvpilot_server import SamplingParams
+
+
+def test_seeded_request_samples_the_same_tokens_whatever_the_batch(tiny_llm, corpus_ids):
+    params = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.95, seed=1234)
+    alone = tiny_llm.generate(corpus_ids[:30], params)[0].outputs[0].token_ids
+    others = [corpus_ids[i : i + 10 + i] for i in range(1, 9)]
+    mixed = tiny_llm.generate(
+        [*others[:4], corpus_ids[:30], *others[4:]],
+        [SamplingParams(max_tokens=30, temperature=1.3)] * 4
+        + [params]
+        + [SamplingParams(max_tokens=5, temperature=0.7, seed=9)] * 4,
+    )
+    assert mixed[4].outputs[0].token_ids == alone
+    unseeded = tiny_llm.generate([corpus_ids[:30]] * 3, SamplingParams(max_tokens=24))
+    assert len({tuple(o.outputs[0].token_ids) for o in unseeded}) > 1  # sampling is random
+
+
+def test_top_k_one_equals_greedy(tiny_llm, corpus_ids):
+    prompt = corpus_ids[5:45]
+    greedy = tiny_llm.generate(prompt, SamplingParams(max_tokens=20, temperature=0.0))[0]
+    top1 = tiny_llm.generate(prompt, SamplingParams(max_tokens=20, temperature=1.5, top_k=1))[0]
+    assert top1.outputs[0].token_ids == greedy.outputs[0].token_ids
+
+
+def test_stop_string_spanning_tokens_ends_text_exactly_before_it(tiny_llm, corpus_ids):
+    prompt = corpus_ids[:20]
+    full = tiny_llm.generate(prompt, SamplingParams(max_tokens=30, temperature=0.0))[0].outputs[0]
+    tokenizer = tiny_llm.tokenizer
+    # A stop string made of the end of token 5's text and the start of token 6's.
+    piece5 = tokenizer.decode(full.token_ids[5:6])
+    piece6 = tokenizer.decode(full.token_ids[6:7])
+    stop = piece5[-2:] + piece6[:2]
+    assert len(piece5) >= 2 and len(piece6) >= 2
+    expected = full.text[: full.text.index(stop)]
+    out = tiny_llm.generate(prompt, SamplingParams(max_tokens=30, temperature=0.0, stop=[stop]))
+    assert out[0].outputs[0].text == expected
+    assert out[0].outputs[0].finish_reason == "stop" and out[0].outputs[0].stop_reason == stop
+
+
+def test_stop_token_ids_min_tokens_and_max_tokens(tiny_llm, corpus_ids):
+    prompt = corpus_ids[:20]
+    full = tiny_llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0))[0].outputs[0]
+    assert full.finish_reason == "length" and len(full.token_ids) == 12
+    stop_id = full.token_ids[3]
+    out = tiny_llm.generate(
+        prompt, SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop_id])
+    )[0].outputs[0]
+    assert out.token_ids == full.token_ids[: full.token_ids.index(stop_id) + 1]
+    assert out.stop_reason == stop_id
+    banned = tiny_llm.generate(
+        prompt,
+        SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop_id], min_tokens=12),
+    )[0].outputs[0]
+    assert len(banned.token_ids) == 12 and stop_id not in banned.token_ids
+
+
+def test_penalties_discourage_repeats(tiny_llm, corpus_ids):
+    prompt = corpus_ids[:10]
+    plain = tiny_llm.generate(prompt, SamplingParams(max_tokens=60, temperature=0.0))[0]
+    penalized = tiny_llm.generate(
+        prompt,
+        SamplingParams(
+            max_tokens=60,
+            temperature=0.0,
+            frequency_penalty=2.0,
+            presence_penalty=2.0,
+            repetition_penalty=1.5,
+        ),
+    )[0]
+    plain_ids, pen_ids = plain.outputs[0].token_ids, penalized.outputs[0].token_ids
+    assert len(set(pen_ids)) > len(set(plain_ids))
+
+
+def test_logprobs_match_the_models_distribution(tiny_llm, tiny_dir, corpus_ids):
+    from transformers import AutoModelForCausalLM
+
+    prompt = corpus_ids[:16]
+    out = tiny_llm.generate(prompt, SamplingParams(max_tokens=1, temperature=0.0, logprobs=3))[0]
+    sample = out.outputs[0].logprobs[0]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dir("llama"), dtype=torch.float32)
+    with torch.inference_mode():
+        expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1], dim=-1)
+    top = torch.topk(expected, 3)
+    assert [t for t, _ in sample.top_logprobs] == top.indices.tolist()
+    assert sample.token_id == top.indices[0]
+    torch.testing.assert_close(sample.logprob, float(top.values[0]), atol=1e-4, rtol=1e-4)
