@@ -30,7 +30,7 @@ def test_mixed_workload_with_aborts_frees_every_block(tiny_llm, corpus_ids):
     assert aborted and not engine.has_unfinished_requests()
     _assert_all_free(tiny_llm)
     # The shared prefix survived in the free queue and is served from the cache again.
-    out = tiny_llm.generate(shared + [42], SamplingParams(max_tokens=2))[0]
+    out = tiny_llm.generate([*shared, 42], SamplingParams(max_tokens=2))[0]
     assert out.num_cached_tokens == 64
     _assert_all_free(tiny_llm)
 

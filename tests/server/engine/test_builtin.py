@@ -1,0 +1,30 @@
+"""The bundled model converts once; an interrupted conversion leaves nothing half-written."""
+
+import pytest
+
+from kvpilot_server.errors import ModelLoadError
+from kvpilot_server.models import builtin
+
+
+def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVPILOT_CACHE", str(tmp_path))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        builtin.builtin_path("smollm2-135m-instruct")
+    leftovers = list((tmp_path / "builtin").iterdir())
+    assert leftovers == []  # neither the target nor a temporary directory
+
+
+def test_converted_cache_is_reused(smollm2, monkeypatch):
+    monkeypatch.setattr(builtin, "_convert", lambda *a: pytest.fail("converted twice"))
+    assert builtin.builtin_path("smollm2-135m-instruct") == smollm2
+    assert (smollm2 / "model.safetensors").is_file() and (smollm2 / "chat_template.jinja").is_file()
+
+
+def test_unknown_builtin_model_names_the_available_ones():
+    with pytest.raises(ModelLoadError, match="available: smollm2-135m-instruct"):
+        builtin.builtin_path("gpt-17")
