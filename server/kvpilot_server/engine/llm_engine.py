@@ -47,7 +47,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = _device(config.device)
-        path = resolve_model(config.model)
+        path = self.model_path = resolve_model(config.model)
         self.model = load_model(path, _dtype(config.dtype, self.device), self.device)
         self.tokenizer: PreTrainedTokenizerBase = _tokenizer(path)
         cfg = self.model.cfg

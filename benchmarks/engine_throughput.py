@@ -1,0 +1,158 @@
+"""Engine benchmark: kvpilot vs Hugging Face generate() on one mixed workload, plus batch-1
+decode latency next to the memory-bandwidth bound. Prints one JSON document.
+
+Workload (fixed seed): N requests, prompt lengths 32-512 tokens of real text, outputs 16-256
+tokens, all submitted at once. kvpilot runs them with continuous batching; HF runs static
+batches of 8, left-padded, each batch generating its longest request's length. Both count only
+the tokens each request asked for (EOS ignored, so both produce exactly that many).
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from conftest import CORPUS  # noqa: E402  (the same real text the tests slice prompts from)
+
+from kvpilot_server import LLM, SamplingParams  # noqa: E402
+
+MODEL = "builtin://smollm2-135m-instruct"
+
+
+def workload(tokenizer, n: int, seed: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    ids = tokenizer(CORPUS).input_ids
+    ids = ids * (4096 // len(ids) + 1)
+    requests = []
+    for _ in range(n):
+        length, start = rng.randint(32, 512), rng.randrange(0, len(ids) - 600)
+        requests.append((ids[start : start + length], rng.randint(16, 256)))
+    return requests
+
+
+def run_kvpilot(llm: LLM, requests) -> dict:
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for _, m in requests]
+    start = time.perf_counter()
+    outputs = llm.generate([p for p, _ in requests], params)
+    elapsed = time.perf_counter() - start
+    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    assert produced == sum(m for _, m in requests)
+    stats = llm.engine.stats()
+    return {"elapsed_s": round(elapsed, 2), "output_tokens": produced,
+            "output_tokens_per_s": round(produced / elapsed, 2),
+            "preemptions": stats.num_preemptions}
+
+
+def run_hf(model, requests, batch_size: int, pad_id: int) -> dict:
+    requested, start = 0, time.perf_counter()
+    for i in range(0, len(requests), batch_size):
+        batch = requests[i : i + batch_size]
+        width, new = max(len(p) for p, _ in batch), max(m for _, m in batch)
+        input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p, _ in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        with torch.inference_mode():
+            model.generate(input_ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, pad_token_id=pad_id)
+        requested += sum(m for _, m in batch)
+    elapsed = time.perf_counter() - start
+    return {"elapsed_s": round(elapsed, 2), "output_tokens": requested,
+            "output_tokens_per_s": round(requested / elapsed, 2), "batch_size": batch_size}
+
+
+def decode_ms_per_token(llm: LLM, prompt: list[int], tokens: int, runs: int) -> float:
+    """Median over runs of (time for `tokens` decode steps) / tokens, prefill excluded."""
+    samples = []
+    for _ in range(runs):
+        engine = llm.engine
+        engine.add_request("b1", prompt, SamplingParams(max_tokens=tokens + 1, ignore_eos=True,
+                                                        temperature=0.0))
+        engine.step()  # prefill and first token
+        start = time.perf_counter()
+        while engine.has_unfinished_requests():
+            engine.step()
+        samples.append((time.perf_counter() - start) * 1000 / tokens)
+    return statistics.median(samples)
+
+
+def hf_decode_ms_per_token(model, prompt: list[int], tokens: int) -> float:
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=tokens + 1, min_new_tokens=tokens + 1, do_sample=False)
+        total = time.perf_counter() - start
+    return (total - first) * 1000 / tokens
+
+
+def memory_bandwidth_gbs(size_mib: int = 512, runs: int = 5) -> float:
+    """Copy bandwidth: bytes read + written per second, median of runs."""
+    src = torch.ones(size_mib << 18)  # float32: 4 bytes each
+    dst = torch.empty_like(src)
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        dst.copy_(src)
+        samples.append(2 * src.numel() * 4 / (time.perf_counter() - start) / 1e9)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-hf", action="store_true", help="only measure kvpilot")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    args = parser.parse_args()
+
+    llm = LLM(MODEL, max_model_len=1024, kv_cache_bytes=4 << 30, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens)
+    requests = workload(llm.tokenizer, args.requests, args.seed)
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+    bandwidth = memory_bandwidth_gbs()
+    bound_ms = weight_bytes / (bandwidth * 1e9) * 1000
+    prompt = requests[0][0][:32]
+    result = {
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "processor": platform.processor() or platform.machine(),
+                    "torch": torch.__version__},
+        "model": MODEL, "dtype": "float32",
+        "workload": {"requests": len(requests), "prompt_tokens": sum(len(p) for p, _ in requests),
+                     "requested_output_tokens": sum(m for _, m in requests), "seed": args.seed},
+        "kvpilot": run_kvpilot(llm, requests),
+        "batch1_decode": {
+            "kvpilot_ms_per_token": round(decode_ms_per_token(llm, prompt, args.decode_tokens, 3), 2),
+            "weight_bytes": weight_bytes,
+            "measured_bandwidth_gbs": round(bandwidth, 1),
+            "bandwidth_bound_ms_per_token": round(bound_ms, 2),
+        },
+    }
+    b1 = result["batch1_decode"]
+    b1["fraction_of_bound"] = round(bound_ms / b1["kvpilot_ms_per_token"], 3)
+    if not args.skip_hf:
+        from transformers import AutoModelForCausalLM
+
+        path = llm.engine.model_path
+        del llm
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        b1["hf_ms_per_token"] = round(hf_decode_ms_per_token(hf, prompt, args.decode_tokens), 2)
+        result["hf_generate"] = run_hf(hf, requests, 8, hf.config.eos_token_id)
+        result["throughput_ratio"] = round(
+            result["kvpilot"]["output_tokens_per_s"] / result["hf_generate"]["output_tokens_per_s"], 2
+        )
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
