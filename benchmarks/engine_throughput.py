@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import CORPUS  # noqa: E402  (the same real text the tests slice prompts from)
+# The same real text the tests slice prompts from.
+from conftest import CORPUS
 
-from kvpilot_server import LLM, SamplingParams  # noqa: E402
+from kvpilot_server import LLM, SamplingParams
 
 MODEL = "builtin://smollm2-135m-instruct"
 
@@ -46,9 +47,12 @@ def run_kvpilot(llm: LLM, requests) -> dict:
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert produced == sum(m for _, m in requests)
     stats = llm.engine.stats()
-    return {"elapsed_s": round(elapsed, 2), "output_tokens": produced,
-            "output_tokens_per_s": round(produced / elapsed, 2),
-            "preemptions": stats.num_preemptions}
+    return {
+        "elapsed_s": round(elapsed, 2),
+        "output_tokens": produced,
+        "output_tokens_per_s": round(produced / elapsed, 2),
+        "preemptions": stats.num_preemptions,
+    }
 
 
 def run_hf(model, requests, batch_size: int, pad_id: int) -> dict:
@@ -59,12 +63,22 @@ def run_hf(model, requests, batch_size: int, pad_id: int) -> dict:
         input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p, _ in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
         with torch.inference_mode():
-            model.generate(input_ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                           do_sample=False, pad_token_id=pad_id)
+            model.generate(
+                input_ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=pad_id,
+            )
         requested += sum(m for _, m in batch)
     elapsed = time.perf_counter() - start
-    return {"elapsed_s": round(elapsed, 2), "output_tokens": requested,
-            "output_tokens_per_s": round(requested / elapsed, 2), "batch_size": batch_size}
+    return {
+        "elapsed_s": round(elapsed, 2),
+        "output_tokens": requested,
+        "output_tokens_per_s": round(requested / elapsed, 2),
+        "batch_size": batch_size,
+    }
 
 
 def decode_ms_per_token(llm: LLM, prompt: list[int], tokens: int, runs: int) -> float:
@@ -72,8 +86,9 @@ def decode_ms_per_token(llm: LLM, prompt: list[int], tokens: int, runs: int) -> 
     samples = []
     for _ in range(runs):
         engine = llm.engine
-        engine.add_request("b1", prompt, SamplingParams(max_tokens=tokens + 1, ignore_eos=True,
-                                                        temperature=0.0))
+        engine.add_request(
+            "b1", prompt, SamplingParams(max_tokens=tokens + 1, ignore_eos=True, temperature=0.0)
+        )
         engine.step()  # prefill and first token
         start = time.perf_counter()
         while engine.has_unfinished_requests():
@@ -116,23 +131,38 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=64)
     args = parser.parse_args()
 
-    llm = LLM(MODEL, max_model_len=1024, kv_cache_bytes=4 << 30, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = LLM(
+        MODEL,
+        max_model_len=1024,
+        kv_cache_bytes=4 << 30,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     requests = workload(llm.tokenizer, args.requests, args.seed)
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
     bandwidth = memory_bandwidth_gbs()
     bound_ms = weight_bytes / (bandwidth * 1e9) * 1000
     prompt = requests[0][0][:32]
     result = {
-        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__},
-        "model": MODEL, "dtype": "float32",
-        "workload": {"requests": len(requests), "prompt_tokens": sum(len(p) for p, _ in requests),
-                     "requested_output_tokens": sum(m for _, m in requests), "seed": args.seed},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+        },
+        "model": MODEL,
+        "dtype": "float32",
+        "workload": {
+            "requests": len(requests),
+            "prompt_tokens": sum(len(p) for p, _ in requests),
+            "requested_output_tokens": sum(m for _, m in requests),
+            "seed": args.seed,
+        },
         "kvpilot": run_kvpilot(llm, requests),
         "batch1_decode": {
-            "kvpilot_ms_per_token": round(decode_ms_per_token(llm, prompt, args.decode_tokens, 3), 2),
+            "kvpilot_ms_per_token": round(
+                decode_ms_per_token(llm, prompt, args.decode_tokens, 3), 2
+            ),
             "weight_bytes": weight_bytes,
             "measured_bandwidth_gbs": round(bandwidth, 1),
             "bandwidth_bound_ms_per_token": round(bound_ms, 2),
@@ -149,7 +179,8 @@ def main() -> None:
         b1["hf_ms_per_token"] = round(hf_decode_ms_per_token(hf, prompt, args.decode_tokens), 2)
         result["hf_generate"] = run_hf(hf, requests, 8, hf.config.eos_token_id)
         result["throughput_ratio"] = round(
-            result["kvpilot"]["output_tokens_per_s"] / result["hf_generate"]["output_tokens_per_s"], 2
+            result["kvpilot"]["output_tokens_per_s"] / result["hf_generate"]["output_tokens_per_s"],
+            2,
         )
     print(json.dumps(result, indent=2))
 

@@ -1,16 +1,28 @@
 """Paged attention, CPU reference path.
 
 New K/V are written into their cache slots first; each query then attends to its sequence's
-keys gathered through the block table. Decodes (one query each) run as one padded batch;
-prefill chunks run one sequence at a time so a long chunk never pads a batch of decodes.
-Masks are explicit: SDPA's `is_causal` aligns the top-left corner, which is wrong whenever the
-query is a later chunk of a longer context.
+keys gathered through the block table. Decodes (one query each) run in a few padded groups of
+similar context length; prefill chunks run one sequence at a time so a long chunk never pads a
+batch of decodes. Masks are explicit: SDPA's `is_causal` aligns the top-left corner, which is
+wrong whenever the query is a later chunk of a longer context.
+
+Gathers write into a reusable workspace: a fresh tensor of tens of MB per layer would be
+mmapped and page-faulted on every call, which costs more than the copy itself.
 """
 
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass
+class DecodeGroup:
+    start: int  # rows [start, end) of the flattened batch, one query per sequence
+    end: int
+    block_ids: torch.Tensor  # [rows * blocks] each sequence's block table, padded to `blocks`
+    blocks: int
+    mask: torch.Tensor  # [1, rows, 1, blocks * block_size] bool: which keys each row sees
 
 
 @dataclass
@@ -25,10 +37,24 @@ class PrefillChunk:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [N] cache slot of each new token
-    num_decodes: int = 0  # the first rows of the batch are decodes
-    decode_block_tables: torch.Tensor | None = None  # [D, max_blocks]
-    decode_mask: torch.Tensor | None = None  # [D, 1, 1, max_blocks * block_size] bool
+    decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+class Workspace:
+    """Grow-only scratch buffers for gathered keys and values."""
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
+
+    def view(self, which: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        buf = self.buffers[which]
+        if buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
+            buf = self.buffers[which] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buf[:numel].view(shape)
 
 
 def causal_mask(
@@ -51,35 +77,42 @@ def paged_attention(
     k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
+    workspace: Workspace,
 ) -> torch.Tensor:
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
-    if meta.num_decodes:
-        out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta)
+    for group in meta.decodes:
+        out[group.start : group.end] = _decode(
+            q[group.start : group.end], k_cache, v_cache, group, workspace
+        )
     for chunk in meta.prefills:
-        out[chunk.start : chunk.end] = _prefill(q, k, v, k_cache, v_cache, chunk)
+        out[chunk.start : chunk.end] = _prefill(q, k, v, k_cache, v_cache, chunk, workspace)
     return out
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """[..., blocks] ids -> [..., kv_heads, blocks * block_size, head_dim]."""
-    gathered = cache[block_ids]  # [..., blocks, block_size, kv_heads, head_dim]
-    gathered = gathered.flatten(-4, -3)
-    return gathered.transpose(-3, -2)
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Blocks of the cache, in block-id order, copied into `out` [len(ids), block_size, ...]."""
+    return torch.index_select(cache, 0, block_ids, out=out)
 
 
-def _decode(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-    keys = _gather(k_cache, meta.decode_block_tables)  # [D, kv_heads, L, head_dim]
-    values = _gather(v_cache, meta.decode_block_tables)
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
-    )
-    return out.squeeze(2)
+def _decode(q, k_cache, v_cache, group: DecodeGroup, workspace: Workspace) -> torch.Tensor:
+    rows, (_, block_size, kv_heads, head_dim) = group.end - group.start, k_cache.shape
+    shape = (group.block_ids.numel(), block_size, kv_heads, head_dim)
+    context = rows, group.blocks * block_size, kv_heads, head_dim
+    # [kv_heads, rows, L, head_dim]: sequences play SDPA's "heads" and each kv head's query
+    # group plays its "queries", so grouped-query attention needs no repeated keys.
+    keys = _gather(k_cache, group.block_ids, workspace.view(0, shape, k_cache))
+    values = _gather(v_cache, group.block_ids, workspace.view(1, shape, v_cache))
+    keys = keys.view(context).permute(2, 0, 1, 3)
+    values = values.view(context).permute(2, 0, 1, 3)
+    queries = q.view(rows, kv_heads, -1, head_dim).transpose(0, 1)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask)
+    return out.transpose(0, 1).reshape(rows, -1, head_dim)
 
 
-def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk) -> torch.Tensor:
+def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, workspace) -> torch.Tensor:
     query = q[chunk.start : chunk.end].transpose(0, 1)  # [heads, n, head_dim]
     if chunk.mask is None:
         # No cached context: the chunk's own fresh K/V are the whole context.
@@ -87,8 +120,12 @@ def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk) -> torch.Tensor:
         values = v[chunk.start : chunk.end].transpose(0, 1)
         out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=True)
     else:
-        keys = _gather(k_cache, chunk.block_ids)[:, : chunk.context_len]
-        values = _gather(v_cache, chunk.block_ids)[:, : chunk.context_len]
+        _, block_size, kv_heads, head_dim = k_cache.shape
+        shape = (chunk.block_ids.numel(), block_size, kv_heads, head_dim)
+        keys = _gather(k_cache, chunk.block_ids, workspace.view(0, shape, k_cache))
+        values = _gather(v_cache, chunk.block_ids, workspace.view(1, shape, v_cache))
+        keys = keys.flatten(0, 1)[: chunk.context_len].transpose(0, 1)
+        values = values.flatten(0, 1)[: chunk.context_len].transpose(0, 1)
         out = F.scaled_dot_product_attention(
             query, keys, values, attn_mask=chunk.mask, enable_gqa=True
         )

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpilot_server.engine.attention import AttentionMetadata, paged_attention
+from kvpilot_server.engine.attention import AttentionMetadata, Workspace, paged_attention
 from kvpilot_server.engine.model_config import ModelConfig
 
 
@@ -44,7 +44,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x, cos, sin, kv_cache, metas: dict[int | None, AttentionMetadata]):
+    def forward(self, x, cos, sin, kv_cache, metas: dict[int | None, AttentionMetadata], ws):
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(-1, self.heads, self.head_dim)
         k = k.view(-1, self.kv_heads, self.head_dim)
@@ -52,7 +52,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], metas[self.window])
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], metas[self.window], ws)
         return self.o_proj(out.flatten(1))
 
 
@@ -76,8 +76,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, kv_cache, metas):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metas)
+    def forward(self, x, cos, sin, kv_cache, metas, ws):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metas, ws)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -88,6 +88,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, w) for w in cfg.layer_windows)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.workspace = Workspace()
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -103,6 +104,6 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, metas)
+            x = layer(x, cos, sin, kv_cache, metas, self.workspace)
         # Only the last token of each sampling sequence needs the (large) vocabulary projection.
         return self.lm_head(self.norm(x[logits_rows])).float()

@@ -2,12 +2,18 @@
 
 import torch
 
-from kvpilot_server.engine.attention import AttentionMetadata, PrefillChunk, causal_mask
+from kvpilot_server.engine.attention import (
+    AttentionMetadata,
+    DecodeGroup,
+    PrefillChunk,
+    causal_mask,
+)
 from kvpilot_server.engine.llama import LlamaForCausalLM
 from kvpilot_server.engine.model_config import rope_tables
 from kvpilot_server.engine.sequence import Sequence
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+_MIN_GROUP_LEN = 64  # contexts shorter than this are cheap: one group holds them all
 
 
 def allocate_kv_cache(model: LlamaForCausalLM, num_blocks: int, block_size: int) -> KVCache:
@@ -43,7 +49,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: dict[Sequence, int]) -> tuple[torch.Tensor, list[Sequence]]:
         """Logits for every sequence whose last token is computed in this step, in order."""
-        ordered = sorted(batch.items(), key=lambda item: item[1] != 1)  # decodes first
+        # Decodes first, shortest context first, so that similar lengths share a padded group.
+        ordered = sorted(batch.items(), key=lambda item: (item[1] != 1, len(item[0])))
         ids, positions, slots, rows, sampling = [], [], [], [], []
         for seq, n in ordered:
             start = seq.num_computed_tokens
@@ -78,43 +85,58 @@ class ModelRunner:
     ) -> AttentionMetadata:
         meta = AttentionMetadata(slot_mapping=slots)
         decodes = [seq for seq, n in ordered if n == 1]
-        if decodes:
-            meta.num_decodes = len(decodes)
-            meta.decode_block_tables, meta.decode_mask = self._decode_tables(decodes, window)
+        start = 0
+        for group in _length_groups(decodes):
+            meta.decodes.append(self._decode_group(start, group, window))
+            start += len(group)
         row = len(decodes)
         for seq, n in ordered[len(decodes) :]:
             context = seq.num_computed_tokens + n
             fresh = seq.num_computed_tokens == 0 and (window is None or window >= n)
             blocks = seq.block_table[: -(-context // self.block_size)]
+            mask = None if fresh else causal_mask(context - n, n, context, window)
             meta.prefills.append(
                 PrefillChunk(
                     start=row,
                     end=row + n,
                     block_ids=torch.tensor(blocks, device=self.device),
                     context_len=context,
-                    mask=None
-                    if fresh
-                    else causal_mask(context - n, n, context, window).to(self.device),
+                    mask=None if mask is None else mask.to(self.device),
                 )
             )
             row += n
         return meta
 
-    def _decode_tables(
-        self, seqs: list[Sequence], window: int | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_group(self, start: int, seqs: list[Sequence], window: int | None) -> DecodeGroup:
         lens = [seq.num_computed_tokens + 1 for seq in seqs]
         width = -(-max(lens) // self.block_size)
         # Padding points at block 0; the mask hides it.
-        tables = [
-            seq.block_table[:width] + [0] * (width - len(seq.block_table[:width])) for seq in seqs
+        ids = [
+            b
+            for seq in seqs
+            for b in seq.block_table[:width] + [0] * (width - len(seq.block_table[:width]))
         ]
         context = torch.tensor(lens).unsqueeze(1)
         keys = torch.arange(width * self.block_size).unsqueeze(0)
         mask = keys < context
         if window is not None:
             mask &= context - 1 - keys < window
-        return (
-            torch.tensor(tables, device=self.device),
-            mask[:, None, None, :].to(self.device),
+        return DecodeGroup(
+            start=start,
+            end=start + len(seqs),
+            block_ids=torch.tensor(ids, device=self.device),
+            blocks=width,
+            mask=mask[None, :, None, :].to(self.device),
         )
+
+
+def _length_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
+    """Split length-sorted sequences where the length doubles: padding stays under 2x while
+    the number of attention calls stays small."""
+    groups: list[list[Sequence]] = []
+    for seq in seqs:
+        if groups and len(seq) <= 2 * max(len(groups[-1][0]), _MIN_GROUP_LEN):
+            groups[-1].append(seq)
+        else:
+            groups.append([seq])
+    return groups
