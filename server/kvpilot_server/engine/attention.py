@@ -82,6 +82,8 @@ def paged_attention(
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    if len(meta.decodes) == 1 and not meta.prefills:  # the common pure-decode step
+        return _decode(q, k_cache, v_cache, meta.decodes[0], workspace)
     out = torch.empty_like(q)
     for group in meta.decodes:
         out[group.start : group.end] = _decode(

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvpilot_server.engine.attention import AttentionMetadata, Workspace, paged_attention
+from kvpilot_server.engine.linear import linear
 from kvpilot_server.engine.model_config import ModelConfig
 
 
@@ -19,7 +20,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Mirrors transformers: normalise in float32, scale in the model dtype.
+        if x.dtype == torch.float32:
+            # One fused op instead of six: per-op overhead dominates small decode steps.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # Mirrors transformers for half types: normalise in float32, scale in the model dtype.
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -32,26 +36,30 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+class Linear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, window: int | None) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.window = window
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        self.split = (q_size, kv_size, kv_size)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x, cos, sin, kv_cache, metas: dict[int | None, AttentionMetadata], ws):
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(-1, self.heads, self.head_dim)
-        k = k.view(-1, self.kv_heads, self.head_dim)
-        v = v.view(-1, self.kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(-1, self.heads + 2 * self.kv_heads, self.head_dim)
+        qk, v = qkv.split((self.heads + self.kv_heads, self.kv_heads), dim=1)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            q, k = qk.split((self.heads, self.kv_heads), dim=1)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
+        # One rotation for queries and keys together: half the ops of rotating each.
+        q, k = rotate(qk, cos, sin).split((self.heads, self.kv_heads), dim=1)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], metas[self.window], ws)
         return self.o_proj(out.flatten(1))
 
@@ -60,8 +68,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.intermediate, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(self.intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate, bias=cfg.mlp_bias)
+        self.down_proj = Linear(self.intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -89,7 +97,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, w) for w in cfg.layer_windows)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.workspace = Workspace()
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
