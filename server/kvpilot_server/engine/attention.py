@@ -11,6 +11,7 @@ mmapped and page-faulted on every call, which costs more than the copy itself.
 """
 
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,7 @@ class DecodeGroup:
     block_ids: torch.Tensor  # [rows * blocks] each sequence's block table, padded to `blocks`
     blocks: int
     mask: torch.Tensor  # [1, rows, 1, blocks * block_size] bool: which keys each row sees
+    context_lens: torch.Tensor  # [rows] tokens each row attends to (its own included)
 
 
 @dataclass
@@ -37,6 +39,8 @@ class PrefillChunk:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [N] cache slot of each new token
+    window: int | None = None  # sliding window of the layers this metadata serves
+    kernel: ModuleType | None = None  # compiled CPU decode kernel, when available
     decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
@@ -83,12 +87,11 @@ def paged_attention(
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
     if len(meta.decodes) == 1 and not meta.prefills:  # the common pure-decode step
-        return _decode(q, k_cache, v_cache, meta.decodes[0], workspace)
+        return _decode(q, k_cache, v_cache, meta, meta.decodes[0], workspace)
     out = torch.empty_like(q)
     for group in meta.decodes:
-        out[group.start : group.end] = _decode(
-            q[group.start : group.end], k_cache, v_cache, group, workspace
-        )
+        rows = slice(group.start, group.end)
+        out[rows] = _decode(q[rows], k_cache, v_cache, meta, group, workspace)
     for chunk in meta.prefills:
         out[chunk.start : chunk.end] = _prefill(q, k, v, k_cache, v_cache, chunk, workspace)
     return out
@@ -99,8 +102,15 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor, out: torch.Tensor) -> 
     return torch.index_select(cache, 0, block_ids, out=out)
 
 
-def _decode(q, k_cache, v_cache, group: DecodeGroup, workspace: Workspace) -> torch.Tensor:
+def _decode(q, k_cache, v_cache, meta, group: DecodeGroup, workspace) -> torch.Tensor:
     rows, (_, block_size, kv_heads, head_dim) = group.end - group.start, k_cache.shape
+    if meta.kernel is not None:
+        tables = group.block_ids.view(rows, group.blocks)
+        scale = head_dim**-0.5
+        window = meta.window or 0
+        return meta.kernel.paged_decode(
+            q.contiguous(), k_cache, v_cache, tables, group.context_lens, scale, window
+        )
     shape = (group.block_ids.numel(), block_size, kv_heads, head_dim)
     context = rows, group.blocks * block_size, kv_heads, head_dim
     # [kv_heads, rows, L, head_dim]: sequences play SDPA's "heads" and each kv head's query

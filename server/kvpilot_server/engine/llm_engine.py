@@ -59,7 +59,9 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.pool)
         cache = allocate_kv_cache(self.model, num_blocks, config.block_size)
-        self.runner = ModelRunner(self.model, cache, config.block_size, self.max_model_len)
+        self.runner = ModelRunner(
+            self.model, cache, config.block_size, self.max_model_len, self._cpu_kernel()
+        )
         self.sampler = Sampler(cfg.eos_token_ids, config.seed)
         self.requests: dict[str, Request] = {}
 
@@ -69,6 +71,13 @@ class LLMEngine:
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free * self.config.kv_cache_memory_fraction) // per_block
         return self.config.kv_cache_bytes // per_block
+
+    def _cpu_kernel(self):
+        if self.device.type != "cpu" or self.model.embed_tokens.weight.dtype != torch.float32:
+            return None
+        from kvpilot_server.engine import cpu_kernels
+
+        return cpu_kernels.load()
 
     # -- requests -----------------------------------------------------------------------------
 

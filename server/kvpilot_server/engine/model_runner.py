@@ -1,5 +1,7 @@
 """Runs one scheduled step on the model: flatten the batch, build attention metadata, get logits."""
 
+from types import ModuleType
+
 import torch
 
 from kvpilot_server.engine.attention import (
@@ -36,7 +38,14 @@ def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_size: int, max_len: int):
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_cache: KVCache,
+        block_size: int,
+        max_len: int,
+        kernel: ModuleType | None = None,
+    ):
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -45,6 +54,7 @@ class ModelRunner:
         dtype = model.embed_tokens.weight.dtype
         self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
         self.windows = sorted(set(model.cfg.layer_windows), key=lambda w: w or 0)
+        self.kernel = kernel
 
     @torch.inference_mode()
     def run(self, batch: dict[Sequence, int]) -> tuple[torch.Tensor, list[Sequence]]:
@@ -83,10 +93,12 @@ class ModelRunner:
     def _metadata(
         self, ordered: list[tuple[Sequence, int]], slots: torch.Tensor, window: int | None
     ) -> AttentionMetadata:
-        meta = AttentionMetadata(slot_mapping=slots)
+        meta = AttentionMetadata(slot_mapping=slots, window=window, kernel=self.kernel)
         decodes = [seq for seq, n in ordered if n == 1]
         start = 0
-        for group in _length_groups(decodes):
+        # The kernel reads each sequence's own length: one group, no padding cost.
+        groups = [decodes] if self.kernel is not None and decodes else _length_groups(decodes)
+        for group in groups:
             meta.decodes.append(self._decode_group(start, group, window))
             start += len(group)
         row = len(decodes)
@@ -127,6 +139,7 @@ class ModelRunner:
             block_ids=torch.tensor(ids, device=self.device),
             blocks=width,
             mask=mask[None, :, None, :].to(self.device),
+            context_lens=context.view(-1).to(self.device),
         )
 
 

@@ -66,3 +66,14 @@ def _bytes_for_tokens(path, tokens: int) -> int:
     cfg = AutoConfig.from_pretrained(path)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4 * tokens
+
+
+def test_reference_attention_path_matches_hf(tiny_dir, corpus_ids, hf_greedy, monkeypatch):
+    """Without the compiled kernel the PyTorch reference path serves decodes; it stays exact."""
+    monkeypatch.setenv("KVPILOT_CPU_KERNELS", "0")
+    for name in ("llama", "mistral-window", "qwen3"):
+        path = tiny_dir(name)
+        llm = LLM(str(path), kv_cache_bytes=64 * MiB, max_num_batched_tokens=40)
+        assert llm.engine.runner.kernel is None
+        lengths = [3, 40, 90, 150, 7, 260]
+        _check(llm, path, _prompts(corpus_ids, lengths), [30, 12, 25, 8, 40, 16], hf_greedy)
