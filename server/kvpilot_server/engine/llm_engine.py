@@ -25,7 +25,12 @@ from kvpilot_server.engine.request import Request
 from kvpilot_server.engine.sampler import Sampler
 from kvpilot_server.engine.scheduler import Scheduler
 from kvpilot_server.engine.sequence import Priority, Sequence
-from kvpilot_server.errors import ContextOverflowError, InvalidRequestError, ModelLoadError
+from kvpilot_server.errors import (
+    ConfigError,
+    ContextOverflowError,
+    InvalidRequestError,
+    ModelLoadError,
+)
 from kvpilot_server.models.resolve import resolve_model
 from kvpilot_server.outputs import RequestMetrics, RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
@@ -206,13 +211,23 @@ class LLMEngine:
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(f"Unknown device {name!r}: use auto, cpu or cuda[:N]") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"Device {name!r} was asked for, but this machine has no usable CUDA")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"Device type {device.type!r} is not supported: use cpu or cuda")
+    return device
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         # bf16 matmul on these CPUs is ~400x slower than fp32; GPUs want bf16.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cpu" and name != "float32":
+        log.warning("dtype %s on CPU is usually far slower than float32", name)
     return getattr(torch, name)
 
 

@@ -95,3 +95,18 @@ def _copy(src, tmp_path):
     import shutil
 
     return shutil.copytree(src, tmp_path / "model")
+
+
+@pytest.mark.parametrize(
+    ("device", "message"), [("cuda", "no usable CUDA"), ("tpu", "Unknown device 'tpu'")]
+)
+def test_unavailable_device_fails_at_start(tiny_dir, device, message):
+    with pytest.raises(ConfigError, match=message):
+        LLM(str(tiny_dir("llama")), device=device)
+
+
+def test_invalid_engine_config_fails_at_start(tiny_dir):
+    with pytest.raises(ConfigError, match="block_size must be at least 1"):
+        LLM(str(tiny_dir("llama")), block_size=0)
+    with pytest.raises(ConfigError, match="exceeds the model's limit of 1024"):
+        LLM(str(tiny_dir("llama")), max_model_len=4096)
