@@ -7,6 +7,7 @@ frees its KV blocks before the next step.
 """
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
@@ -138,9 +139,20 @@ class AsyncEngine:
         except BaseException as exc:
             self.error = exc
             log.critical("engine loop died", exc_info=exc)
-            for loop, outputs in self._streams.values():
-                loop.call_soon_threadsafe(outputs.put_nowait, EngineDeadError(str(exc)))
+            self._close_streams(EngineDeadError(f"The engine loop died: {exc}"))
             raise
+        # Shut down with requests in flight: their consumers must not wait forever.
+        self._drain_inbox()
+        self._close_streams(EngineDeadError("The engine was shut down"))
+
+    def _close_streams(self, error: EngineDeadError) -> None:
+        for request_id in list(self._streams):
+            # Best effort: after a crash the engine's own state may be what is broken.
+            with contextlib.suppress(Exception):
+                self.engine.abort_request(request_id)
+            loop, outputs = self._streams.pop(request_id)
+            with contextlib.suppress(RuntimeError):  # that caller's event loop is already closed
+                loop.call_soon_threadsafe(outputs.put_nowait, error)
 
     def _drain_inbox(self) -> None:
         while True:

@@ -10,7 +10,7 @@ Large batches are compute-bound, where plain `linear` is as good.
 import torch
 import torch.nn.functional as F
 
-SPLIT_MAX_ROWS = 128
+SPLIT_MAX_ROWS = 256  # measured: faster than `linear` up to here, equal at 512
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -6,7 +6,7 @@ import pytest
 
 from kvpilot_server import SamplingParams
 from kvpilot_server.engine.async_engine import AsyncEngine
-from kvpilot_server.errors import ContextOverflowError, RequestFailedError
+from kvpilot_server.errors import ContextOverflowError, EngineDeadError, RequestFailedError
 
 
 @pytest.fixture
@@ -88,3 +88,21 @@ def test_failure_inside_one_request_fails_only_that_request(engine, corpus_ids, 
 
     _text, outputs = asyncio.run(scenario())
     assert outputs[-1].outputs[0].finish_reason == "length" and engine.alive
+
+
+def test_shutdown_ends_streams_in_flight_with_a_clear_error(engine, corpus_ids):
+    async def scenario():
+        stream = engine.generate(corpus_ids[:10], SamplingParams(max_tokens=900, ignore_eos=True))
+        first = await anext(stream)
+        await asyncio.to_thread(engine.shutdown)
+        with pytest.raises(EngineDeadError, match="shut down"):
+            async for _ in stream:
+                pass
+        return first
+
+    assert not asyncio.run(scenario()).finished
+    assert (
+        not engine.engine.requests and engine.engine.pool.num_free == engine.engine.pool.num_blocks
+    )
+    with pytest.raises(EngineDeadError):
+        asyncio.run(anext(engine.generate([1, 2], SamplingParams())))
