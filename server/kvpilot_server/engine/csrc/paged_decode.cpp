@@ -10,27 +10,14 @@
 #include <cmath>
 #include <vector>
 
-torch::Tensor paged_decode(
-    torch::Tensor q,             // [D, heads, head_dim] float32
-    torch::Tensor k_cache,       // [num_blocks, block_size, kv_heads, head_dim] float32
-    torch::Tensor v_cache,
-    torch::Tensor block_tables,  // [D, max_blocks] int64
-    torch::Tensor context_lens,  // [D] int64
-    double scale,
-    int64_t window) {            // sliding window, or <= 0 for full attention
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32);
-  const int64_t D = q.size(0), H = q.size(1), hd = q.size(2);
-  const int64_t bs = k_cache.size(1), kvh = k_cache.size(2), group = H / kvh;
-  const int64_t max_blocks = block_tables.size(1);
-  auto out = torch::empty_like(q);
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  const int64_t* bt = block_tables.contiguous().data_ptr<int64_t>();
-  const int64_t* lens = context_lens.contiguous().data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-
+// HD is the head dimension when known at compile time (the inner loops then unroll and
+// vectorize fully), or 0 to read it at run time.
+template <int64_t HD>
+void decode_rows(const float* qp, const float* kp, const float* vp, const int64_t* bt,
+                 const int64_t* lens, float* op, int64_t D, int64_t H, int64_t hd_runtime,
+                 int64_t bs, int64_t kvh, int64_t max_blocks, float scale, int64_t window) {
+  const int64_t hd = HD > 0 ? HD : hd_runtime;
+  const int64_t group = H / kvh;
 #pragma omp parallel for schedule(dynamic)
   for (int64_t d = 0; d < D; ++d) {
     const int64_t len = lens[d];
@@ -51,7 +38,7 @@ torch::Tensor paged_decode(
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
           for (int64_t i = 0; i < hd; ++i) dot += qh[i] * kh[i];
-          scores[head * len + pos + t] = dot * static_cast<float>(scale);
+          scores[head * len + pos + t] = dot * scale;
         }
       }
       pos += count;
@@ -85,6 +72,27 @@ torch::Tensor paged_decode(
     }
     std::copy(acc.begin(), acc.end(), op + d * H * hd);
   }
+}
+
+torch::Tensor paged_decode(
+    torch::Tensor q,             // [D, heads, head_dim] float32
+    torch::Tensor k_cache,       // [num_blocks, block_size, kv_heads, head_dim] float32
+    torch::Tensor v_cache,
+    torch::Tensor block_tables,  // [D, max_blocks] int64
+    torch::Tensor context_lens,  // [D] int64
+    double scale,
+    int64_t window) {            // sliding window, or <= 0 for full attention
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32);
+  auto tables = block_tables.contiguous();
+  auto lens = context_lens.contiguous();
+  auto out = torch::empty_like(q);
+  const int64_t hd = q.size(2);
+  auto run = hd == 64 ? decode_rows<64> : hd == 128 ? decode_rows<128> : decode_rows<0>;
+  run(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+      tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<float>(), q.size(0),
+      q.size(1), hd, k_cache.size(1), k_cache.size(2), tables.size(1),
+      static_cast<float>(scale), window);
   return out;
 }
 
