@@ -32,10 +32,11 @@ def _decode_meta(block_tables, lens, block_size, window, use_kernel) -> Attentio
 
 
 @pytest.mark.skipif(kernel is None, reason="the CPU kernel did not build on this machine")
+@pytest.mark.parametrize("head_dim", [32, 64])  # 64 takes the kernel's compile-time path
 @pytest.mark.parametrize(("block_size", "window"), [(1, None), (16, None), (16, 37), (32, 5)])
-def test_kernel_matches_reference(block_size, window):
+def test_kernel_matches_reference(block_size, window, head_dim):
     torch.manual_seed(block_size)
-    rows, heads, kv_heads, head_dim, num_blocks = 7, 6, 2, 32, 1200
+    rows, heads, kv_heads, num_blocks = 7, 6, 2, 1200
     caches = [torch.randn(num_blocks, block_size, kv_heads, head_dim) for _ in range(2)]
     lens = torch.tensor([1, 2, 17, 64, 100, 3, 150])
     width = -(-int(lens.max()) // block_size)
