@@ -26,7 +26,21 @@ def main(argv: list[str] | None = None) -> int:
     generate.add_argument("--top-p", type=float, default=1.0)
     add_engine_args(generate)
 
+    serve = commands.add_parser(
+        "serve",
+        help="serve the OpenAI-compatible API",
+        description="Serve /v1/chat/completions, /v1/completions and /v1/models over HTTP.",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", help="model name clients use (default: --model)")
+    add_engine_args(serve)
+
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        from kvpilot_server.serve import run_serve
+
+        return run_serve(args)
     if args.command == "generate":
         from kvpilot_server.generate import run_generate
 

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API (Starlette) in front of the async engine."""

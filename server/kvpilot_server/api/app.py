@@ -1,0 +1,142 @@
+"""The Starlette app: OpenAI-compatible completions over the async engine.
+
+Bad input is answered before any streaming starts (the first engine output is awaited first),
+so a client sees either a clean 4xx JSON error or a stream, never a stream that breaks.
+A client that goes away mid-stream closes the response's generator, which aborts the request.
+"""
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from kvpilot_server.api import responses
+from kvpilot_server.api.errors import error_response, from_exception, from_validation
+from kvpilot_server.api.protocol import ChatCompletionRequest, CompletionRequest
+from kvpilot_server.engine.async_engine import AsyncEngine
+from kvpilot_server.outputs import RequestOutput
+
+MAX_BODY_BYTES = 4 << 20
+
+
+def build_app(engine: AsyncEngine, served_model_name: str) -> Starlette:
+    tokenizer = engine.engine.tokenizer
+
+    async def parse(request: Request, model: type[BaseModel]) -> BaseModel | Response:
+        body = await request.body()
+        if len(body) > MAX_BODY_BYTES:
+            return error_response(413, f"Request body exceeds {MAX_BODY_BYTES} bytes")
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error_response(400, f"Request body is not valid JSON: {exc}")
+        if not isinstance(data, dict):
+            return error_response(400, "Request body must be a JSON object")
+        try:
+            parsed = model.model_validate(data)
+        except ValidationError as exc:
+            return from_validation(exc)
+        if parsed.model not in (None, served_model_name):
+            return error_response(404, f"The model {parsed.model!r} does not exist", "model")
+        return parsed
+
+    async def chat(request: Request) -> Response:
+        parsed = await parse(request, ChatCompletionRequest)
+        if isinstance(parsed, Response):
+            return parsed
+        messages = [m.model_dump() for m in parsed.messages]
+        encoded = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return await complete(parsed, list(encoded["input_ids"]), chat=True)
+
+    async def completions(request: Request) -> Response:
+        parsed = await parse(request, CompletionRequest)
+        if isinstance(parsed, Response):
+            return parsed
+        return await complete(parsed, parsed.prompt, chat=False)
+
+    async def complete(parsed, prompt: str | list[int], chat: bool) -> Response:
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        envelope = responses.Envelope(request_id, served_model_name, chat)
+        to_logprobs = responses.chat_logprobs if chat else responses.completion_logprobs
+        try:
+            params = parsed.engine_params()
+            stream = engine.generate(prompt, params, request_id, parsed.scheduling_class())
+            first = await anext(stream)
+        except Exception as exc:
+            return from_exception(exc)
+        wants_logprobs = params.logprobs is not None
+        if not parsed.stream:
+            last = first
+            try:
+                async for last in stream:  # noqa: B007 - only the final output is needed
+                    pass
+            except Exception as exc:
+                return from_exception(exc)
+            samples = last.outputs[0].logprobs if wants_logprobs else None
+            logprobs = to_logprobs(samples, tokenizer) if samples is not None else None
+            return JSONResponse(envelope.full(last, logprobs))
+        events = _sse(
+            first,
+            stream,
+            envelope,
+            parsed.include_usage,
+            (lambda s: to_logprobs(s, tokenizer)) if wants_logprobs else None,
+        )
+        return StreamingResponse(events, media_type="text/event-stream")
+
+    async def models(_: Request) -> Response:
+        card = {"id": served_model_name, "object": "model", "created": 0, "owned_by": "kvpilot"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(_: Request) -> Response:
+        if not engine.alive:
+            return error_response(503, "The engine loop is not running")
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/ready", health, methods=["GET"]),
+        ]
+    )
+
+
+async def _sse(
+    first: RequestOutput,
+    rest: AsyncIterator[RequestOutput],
+    envelope: responses.Envelope,
+    include_usage: bool,
+    to_logprobs: Callable[[list], dict] | None,
+) -> AsyncIterator[str]:
+    def event(body: dict[str, Any]) -> str:
+        return f"data: {json.dumps(body)}\n\n"
+
+    sent, last, is_first = 0, first, True
+    try:
+        output: RequestOutput | None = first
+        while output is not None:
+            completion = output.outputs[0]
+            samples = (completion.logprobs or [])[sent:]
+            sent += len(samples)
+            logprobs = to_logprobs(samples) if to_logprobs and samples else None
+            if completion.delta_text or output.finished or is_first:
+                yield event(envelope.chunk(completion.delta_text, output, logprobs, is_first))
+                is_first = False
+            last, output = output, await anext(rest, None)
+    except Exception as exc:  # mid-stream failure: say so in the stream, in OpenAI's shape
+        yield event(json.loads(from_exception(exc).body))
+    else:
+        if include_usage:
+            yield event(envelope.usage_chunk(last))
+    yield "data: [DONE]\n\n"

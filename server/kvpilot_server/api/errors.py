@@ -1,0 +1,49 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}; never a traceback."""
+
+from http import HTTPStatus
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+
+from kvpilot_server.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "server_error"),
+            "param": param,
+            "code": HTTPStatus(status).phrase.lower().replace(" ", "_"),
+        }
+    }
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def from_validation(exc: ValidationError) -> JSONResponse:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or None
+    return error_response(400, f"{where}: {first['msg']}" if where else first["msg"], where)
+
+
+def from_exception(exc: Exception) -> JSONResponse:
+    """Map the engine's own exceptions; anything else is a 500 with a generic message."""
+    if isinstance(exc, InvalidRequestError):
+        return error_response(400, str(exc), exc.param)
+    if isinstance(exc, EngineDeadError):
+        return error_response(503, str(exc))
+    if isinstance(exc, RequestFailedError):
+        return error_response(500, str(exc))
+    return error_response(500, "Internal server error")

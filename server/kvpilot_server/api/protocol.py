@@ -1,0 +1,95 @@
+"""Request bodies of the OpenAI-compatible API, validated by pydantic, and their engine mapping."""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvpilot_server.engine.sequence import Priority
+from kvpilot_server.errors import InvalidRequestError
+from kvpilot_server.sampling_params import SamplingParams
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by chat and text completions (OpenAI's, plus vLLM's extras)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    n: Literal[1] = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    top_k: int = -1
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0)] = 1.0
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    service_tier: Literal["auto", "default", "flex"] | None = None
+    priority: int = 0  # vLLM semantics, lower is more important: above 0 selects the batch class
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            stop=stop,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+        )
+
+    def scheduling_class(self) -> Priority:
+        batch = self.service_tier == "flex" or self.priority > 0
+        return Priority.BATCH if batch else Priority.INTERACTIVE
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    def engine_params(self) -> SamplingParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs: true", "top_logprobs")
+        k = (self.top_logprobs or 0) if self.logprobs else None
+        return self.sampling_params(self.max_completion_tokens or self.max_tokens, k)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    max_tokens: PositiveInt | None = 16  # OpenAI's default for completions
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: Literal[False] = False
+
+    def engine_params(self) -> SamplingParams:
+        return self.sampling_params(self.max_tokens, self.logprobs)

@@ -1,0 +1,95 @@
+"""OpenAI response and stream-chunk bodies built from engine outputs."""
+
+import time
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from kvpilot_server.engine.sampler import Sample
+from kvpilot_server.outputs import RequestOutput
+
+
+def usage(output: RequestOutput) -> dict[str, Any]:
+    u = output.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+def finish_reason(output: RequestOutput) -> str | None:
+    reason = output.outputs[0].finish_reason
+    return {"abort": "stop", "error": "stop"}.get(reason, reason) if reason else None
+
+
+def chat_logprobs(samples: list[Sample], tok: PreTrainedTokenizerBase) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        text = tok.decode([token_id])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {
+        "content": [
+            {
+                **entry(s.token_id, s.logprob),
+                "top_logprobs": [entry(t, lp) for t, lp in s.top_logprobs or []],
+            }
+            for s in samples
+        ]
+    }
+
+
+def completion_logprobs(samples: list[Sample], tok: PreTrainedTokenizerBase) -> dict[str, Any]:
+    tokens = [tok.decode([s.token_id]) for s in samples]
+    offsets, position = [], 0
+    for text in tokens:
+        offsets.append(position)
+        position += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [s.logprob for s in samples],
+        "top_logprobs": [{tok.decode([t]): lp for t, lp in s.top_logprobs or []} for s in samples],
+        "text_offset": offsets,
+    }
+
+
+class Envelope:
+    """The id/created/model fields every body of one response shares."""
+
+    def __init__(self, request_id: str, model: str, chat: bool) -> None:
+        self.id, self.model, self.chat, self.created = request_id, model, chat, int(time.time())
+
+    def body(self, obj: str, choices: list[dict], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+
+    def full(self, output: RequestOutput, logprobs: dict | None) -> dict[str, Any]:
+        completion = output.outputs[0]
+        choice = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason(output)}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": completion.text}
+            return self.body("chat.completion", [choice], usage=usage(output))
+        choice["text"] = completion.text
+        return self.body("text_completion", [choice], usage=usage(output))
+
+    def chunk(
+        self, text: str, output: RequestOutput | None, logprobs: dict | None, first: bool = False
+    ) -> dict[str, Any]:
+        reason = finish_reason(output) if output is not None and output.finished else None
+        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": reason}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+            return self.body("chat.completion.chunk", [choice])
+        choice["text"] = text
+        return self.body("text_completion", [choice])
+
+    def usage_chunk(self, output: RequestOutput) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return self.body(obj, [], usage=usage(output))
