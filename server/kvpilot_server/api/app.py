@@ -6,10 +6,12 @@ A client that goes away mid-stream closes the response's generator, which aborts
 """
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -18,15 +20,19 @@ from starlette.routing import Route
 
 from kvpilot_server.api import responses
 from kvpilot_server.api.errors import error_response, from_exception, from_validation
+from kvpilot_server.api.metrics import RequestMetrics
 from kvpilot_server.api.protocol import ChatCompletionRequest, CompletionRequest
 from kvpilot_server.engine.async_engine import AsyncEngine
+from kvpilot_server.errors import InvalidRequestError
 from kvpilot_server.outputs import RequestOutput
 
 MAX_BODY_BYTES = 4 << 20
+log = logging.getLogger(__name__)
 
 
 def build_app(engine: AsyncEngine, served_model_name: str) -> Starlette:
     tokenizer = engine.engine.tokenizer
+    metrics = RequestMetrics(engine.engine, served_model_name)
 
     async def parse(request: Request, model: type[BaseModel]) -> BaseModel | Response:
         body = await request.body()
@@ -71,6 +77,9 @@ def build_app(engine: AsyncEngine, served_model_name: str) -> Starlette:
             stream = engine.generate(prompt, params, request_id, parsed.scheduling_class())
             first = await anext(stream)
         except Exception as exc:
+            metrics.observe_finished(
+                None, "rejected" if isinstance(exc, InvalidRequestError) else "error"
+            )
             return from_exception(exc)
         wants_logprobs = params.logprobs is not None
         if not parsed.stream:
@@ -79,7 +88,9 @@ def build_app(engine: AsyncEngine, served_model_name: str) -> Starlette:
                 async for last in stream:  # noqa: B007 - only the final output is needed
                     pass
             except Exception as exc:
+                metrics.observe_finished(last, "error")
                 return from_exception(exc)
+            metrics.observe_finished(last, last.outputs[0].finish_reason or "error")
             samples = last.outputs[0].logprobs if wants_logprobs else None
             logprobs = to_logprobs(samples, tokenizer) if samples is not None else None
             return JSONResponse(envelope.full(last, logprobs))
@@ -89,6 +100,7 @@ def build_app(engine: AsyncEngine, served_model_name: str) -> Starlette:
             envelope,
             parsed.include_usage,
             (lambda s: to_logprobs(s, tokenizer)) if wants_logprobs else None,
+            metrics,
         )
         return StreamingResponse(events, media_type="text/event-stream")
 
@@ -96,19 +108,28 @@ def build_app(engine: AsyncEngine, served_model_name: str) -> Starlette:
         card = {"id": served_model_name, "object": "model", "created": 0, "owned_by": "kvpilot"}
         return JSONResponse({"object": "list", "data": [card]})
 
+    async def scrape(_: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     async def health(_: Request) -> Response:
         if not engine.alive:
             return error_response(503, "The engine loop is not running")
         return JSONResponse({"status": "ok"})
 
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(500, "Internal server error")
+
     return Starlette(
+        exception_handlers={Exception: unexpected},
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/metrics", scrape, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", health, methods=["GET"]),
-        ]
+        ],
     )
 
 
@@ -118,6 +139,7 @@ async def _sse(
     envelope: responses.Envelope,
     include_usage: bool,
     to_logprobs: Callable[[list], dict] | None,
+    metrics: RequestMetrics,
 ) -> AsyncIterator[str]:
     def event(body: dict[str, Any]) -> str:
         return f"data: {json.dumps(body)}\n\n"
@@ -135,8 +157,13 @@ async def _sse(
                 is_first = False
             last, output = output, await anext(rest, None)
     except Exception as exc:  # mid-stream failure: say so in the stream, in OpenAI's shape
+        metrics.observe_finished(last, "error")
         yield event(json.loads(from_exception(exc).body))
+    except BaseException:  # the client went away (cancellation): the engine aborts the request
+        metrics.observe_finished(last, "abort")
+        raise
     else:
+        metrics.observe_finished(last, last.outputs[0].finish_reason or "error")
         if include_usage:
             yield event(envelope.usage_chunk(last))
     yield "data: [DONE]\n\n"

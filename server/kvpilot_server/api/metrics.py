@@ -1,0 +1,110 @@
+"""The engine's Prometheus metrics: request histograms and counters updated as outputs arrive,
+queue and cache state read from the engine at scrape time."""
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from kvpilot_server import metric_names as names
+from kvpilot_server.engine.llm_engine import LLMEngine
+from kvpilot_server.outputs import RequestOutput
+
+
+class EngineCollector:
+    """Gauges and counters the engine already keeps, read when Prometheus scrapes."""
+
+    def __init__(self, engine: LLMEngine, model: str) -> None:
+        self.engine, self.model = engine, model
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.engine.stats()
+        labels = ["model", "class"]
+        waiting = GaugeMetricFamily(
+            names.REQUESTS_WAITING, "Requests waiting to run", labels=labels
+        )
+        running = GaugeMetricFamily(names.REQUESTS_RUNNING, "Requests running", labels=labels)
+        for priority in stats.running:
+            cls = priority.name.lower()
+            waiting.add_metric([self.model, cls], stats.waiting[priority])
+            running.add_metric([self.model, cls], stats.running[priority])
+        yield waiting
+        yield running
+        yield self._gauge(
+            names.KV_CACHE_USAGE, "Fraction of KV cache blocks in use", stats.kv_cache_usage
+        )
+        for name, doc, value in [
+            (names.PREEMPTIONS, "Preemptions", stats.num_preemptions),
+            (names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up", stats.prefix_cache_queries),
+            (names.PREFIX_CACHE_HITS, "Prompt tokens served from cache", stats.prefix_cache_hits),
+        ]:
+            counter = CounterMetricFamily(name.removesuffix("_total"), doc, labels=["model"])
+            counter.add_metric([self.model], value)
+            yield counter
+        cfg = self.engine.config
+        info = GaugeMetricFamily(
+            names.ENGINE_INFO,
+            "Engine configuration",
+            labels=["model", "block_size", "num_blocks", "max_model_len"],
+        )
+        info.add_metric(
+            [
+                self.model,
+                str(cfg.block_size),
+                str(self.engine.pool.num_blocks),
+                str(self.engine.max_model_len),
+            ],
+            1,
+        )
+        yield info
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        gauge = GaugeMetricFamily(name, doc, labels=["model"])
+        gauge.add_metric([self.model], value)
+        return gauge
+
+
+class RequestMetrics:
+    def __init__(self, engine: LLMEngine, model: str) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(engine, model))
+        self.model = model
+        buckets = names.LATENCY_BUCKETS
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, ["model"], buckets=buckets, registry=self.registry)
+
+        self.ttft = histogram(names.TIME_TO_FIRST_TOKEN, "Time to first token")
+        self.itl = histogram(names.INTER_TOKEN_LATENCY, "Time between output tokens")
+        self.e2e = histogram(names.E2E_LATENCY, "Request latency, arrival to finish")
+        self.queue = histogram(names.QUEUE_TIME, "Time waiting before first scheduled")
+        self.prompt_tokens = Counter(
+            names.PROMPT_TOKENS, "Prompt tokens", ["model"], registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            names.GENERATION_TOKENS, "Generated tokens", ["model"], registry=self.registry
+        )
+        self.requests = Counter(
+            names.REQUESTS,
+            "Finished requests by outcome",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+
+    def observe_finished(self, output: RequestOutput | None, outcome: str) -> None:
+        """Record one finished request (output None: it failed before producing any)."""
+        self.requests.labels(self.model, outcome).inc()
+        if output is None:
+            return
+        m, usage = output.metrics, output.usage
+        self.prompt_tokens.labels(self.model).inc(usage.prompt_tokens)
+        self.generation_tokens.labels(self.model).inc(usage.completion_tokens)
+        if m.first_scheduled_time is not None:
+            self.queue.labels(self.model).observe(m.first_scheduled_time - m.arrival_time)
+        if m.first_token_time is not None:
+            self.ttft.labels(self.model).observe(m.first_token_time - m.arrival_time)
+            end = m.finished_time or m.first_token_time
+            self.e2e.labels(self.model).observe(end - m.arrival_time)
+            if usage.completion_tokens > 1:
+                gap = (end - m.first_token_time) / (usage.completion_tokens - 1)
+                self.itl.labels(self.model).observe(gap)

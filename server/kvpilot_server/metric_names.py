@@ -1,0 +1,43 @@
+"""Prometheus metric names: defined once, shared by the server, the operator and dashboards.
+
+Pure: imports nothing heavy, so the operator can use it without torch. Each engine metric has a
+vLLM counterpart (docs/metrics.md) so Gateway API Inference Extension and KEDA recipes apply.
+"""
+
+REQUESTS_WAITING = "kvpilot_requests_waiting"  # vllm:num_requests_waiting
+REQUESTS_RUNNING = "kvpilot_requests_running"  # vllm:num_requests_running
+KV_CACHE_USAGE = "kvpilot_kv_cache_usage_ratio"  # vllm:kv_cache_usage_perc
+TIME_TO_FIRST_TOKEN = "kvpilot_time_to_first_token_seconds"  # vllm:time_to_first_token_seconds
+INTER_TOKEN_LATENCY = "kvpilot_inter_token_latency_seconds"  # vllm:inter_token_latency_seconds
+E2E_LATENCY = "kvpilot_e2e_request_latency_seconds"  # vllm:e2e_request_latency_seconds
+QUEUE_TIME = "kvpilot_request_queue_time_seconds"  # vllm:request_queue_time_seconds
+PROMPT_TOKENS = "kvpilot_prompt_tokens_total"  # vllm:prompt_tokens_total
+GENERATION_TOKENS = "kvpilot_generation_tokens_total"  # vllm:generation_tokens_total
+REQUESTS = "kvpilot_requests_total"  # vllm:request_success_total (ours counts every outcome)
+PREEMPTIONS = "kvpilot_preemptions_total"  # vllm:num_preemptions_total
+PREFIX_CACHE_QUERIES = "kvpilot_prefix_cache_queries_total"  # vllm:prefix_cache_queries_total
+PREFIX_CACHE_HITS = "kvpilot_prefix_cache_hits_total"  # vllm:prefix_cache_hits_total
+ENGINE_INFO = "kvpilot_engine_info"  # vllm:cache_config_info
+
+# Seconds; vLLM's TTFT buckets extended so a p95 between 5 ms and 60 s interpolates well.
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+    120.0,
+)
