@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="model name clients use (default: --model)")
+    serve.add_argument(
+        "--api-key-file",
+        help="file of API keys, one per line (also: "
+        "KVPILOT_API_KEYS=key1,key2); /health, /ready and /metrics stay open",
+    )
     add_engine_args(serve)
 
     args = parser.parse_args(argv)

@@ -10,6 +10,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from kvpilot_server.api.app import build_app
+    from kvpilot_server.api.auth import load_api_keys
     from kvpilot_server.engine.async_engine import AsyncEngine
     from kvpilot_server.errors import KvpilotError
 
@@ -21,8 +22,9 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger("kvpilot").error("cannot start: %s", exc)
         return 1
     name = args.served_model_name or config.model
+    keys = load_api_keys(args.api_key_file)
     try:
-        uvicorn.run(build_app(engine, name), host=args.host, port=args.port, log_level="info")
+        uvicorn.run(build_app(engine, name, keys), host=args.host, port=args.port, log_level="info")
     finally:
         engine.shutdown()
     return 0

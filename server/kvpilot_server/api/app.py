@@ -14,14 +14,21 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kvpilot_server.api import responses
+from kvpilot_server.api.auth import ApiKeyMiddleware
 from kvpilot_server.api.errors import error_response, from_exception, from_validation
 from kvpilot_server.api.metrics import RequestMetrics
-from kvpilot_server.api.protocol import ChatCompletionRequest, CompletionRequest
+from kvpilot_server.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from kvpilot_server.engine.async_engine import AsyncEngine
 from kvpilot_server.errors import InvalidRequestError
 from kvpilot_server.outputs import RequestOutput
@@ -30,7 +37,9 @@ MAX_BODY_BYTES = 4 << 20
 log = logging.getLogger(__name__)
 
 
-def build_app(engine: AsyncEngine, served_model_name: str) -> Starlette:
+def build_app(
+    engine: AsyncEngine, served_model_name: str, api_keys: list[str] | None = None
+) -> Starlette:
     tokenizer = engine.engine.tokenizer
     metrics = RequestMetrics(engine.engine, served_model_name)
 
@@ -120,12 +129,35 @@ def build_app(engine: AsyncEngine, served_model_name: str) -> Starlette:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "Internal server error")
 
+    async def tokenize(request: Request) -> Response:
+        parsed = await parse(request, TokenizeRequest)
+        if isinstance(parsed, Response):
+            return parsed
+        if parsed.messages is not None:
+            messages = [m.model_dump() for m in parsed.messages]
+            ids = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        else:
+            ids = tokenizer(parsed.prompt or "").input_ids
+        limit = engine.engine.max_model_len
+        return JSONResponse({"tokens": list(ids), "count": len(ids), "max_model_len": limit})
+
+    async def detokenize(request: Request) -> Response:
+        parsed = await parse(request, DetokenizeRequest)
+        if isinstance(parsed, Response):
+            return parsed
+        return JSONResponse({"prompt": tokenizer.decode(parsed.tokens)})
+
     return Starlette(
+        middleware=[Middleware(ApiKeyMiddleware, keys=api_keys or [])],
         exception_handlers={Exception: unexpected},
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
             Route("/metrics", scrape, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", health, methods=["GET"]),

@@ -93,3 +93,14 @@ class CompletionRequest(SamplingFields):
 
     def engine_params(self) -> SamplingParams:
         return self.sampling_params(self.max_tokens, self.logprobs)
+
+
+class TokenizeRequest(BaseModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]

@@ -1,62 +1,8 @@
 """A live `kvpilot serve` on 127.0.0.1 for the API tests, stopped by PID afterwards."""
 
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-
-import httpx
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(*args: str, timeout: float = 300.0):
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "kvpilot_server.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        *args,
-    ]
-    # A file, not a pipe: a chatty server must never block on a full pipe buffer.
-    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop_server
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
-    proc.log = log
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"kvpilot serve exited: {log.read()[-2000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    stop_server(proc)
-    raise RuntimeError("kvpilot serve did not become healthy in time")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    proc.log.close()
+from tests.server.api.live_server import start_server, stop_server
 
 
 @pytest.fixture(scope="module")

@@ -115,3 +115,10 @@ def test_bad_input_gets_openai_shaped_400(tiny_server, body, fragment):
 def test_huge_body_is_413(tiny_server):
     response = httpx.post(f"{tiny_server}/v1/completions", content=b"x" * (5 << 20))
     assert response.status_code == 413 and "error" in response.json()
+
+
+def test_tokenize_and_detokenize_round_trip(tiny_server, tokenizer):
+    ids = httpx.post(f"{tiny_server}/tokenize", json={"prompt": "The river"}).json()
+    assert ids["tokens"] == tokenizer("The river").input_ids and ids["max_model_len"] == 256
+    text = httpx.post(f"{tiny_server}/detokenize", json={"tokens": ids["tokens"]}).json()
+    assert text["prompt"] == "The river"
