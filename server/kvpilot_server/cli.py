@@ -39,6 +39,18 @@ def main(argv: list[str] | None = None) -> int:
         help="file of API keys, one per line (also: "
         "KVPILOT_API_KEYS=key1,key2); /health, /ready and /metrics stay open",
     )
+    serve.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="requests allowed to wait for the engine; more get 429 + Retry-After",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="seconds before a request is aborted with 408 (per request: timeout)",
+    )
     add_engine_args(serve)
 
     args = parser.parse_args(argv)

@@ -60,3 +60,15 @@ class RequestFailedError(KvpilotError):
 
 class EngineDeadError(KvpilotError):
     """The engine loop has stopped; no request can be served (HTTP 503)."""
+
+
+class OverloadedError(KvpilotError):
+    """The waiting queue is full (HTTP 429 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestTimeoutError(KvpilotError):
+    """The request ran past its deadline and was aborted (HTTP 408)."""

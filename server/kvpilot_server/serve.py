@@ -9,6 +9,7 @@ from kvpilot_server.engine_args import engine_config
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from kvpilot_server.api.admission import Admission
     from kvpilot_server.api.app import build_app
     from kvpilot_server.api.auth import load_api_keys
     from kvpilot_server.engine.async_engine import AsyncEngine
@@ -24,7 +25,9 @@ def run_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or config.model
     keys = load_api_keys(args.api_key_file)
     try:
-        uvicorn.run(build_app(engine, name, keys), host=args.host, port=args.port, log_level="info")
+        admission = Admission(args.max_waiting, args.request_timeout)
+        app = build_app(engine, name, keys, admission)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
         engine.shutdown()
     return 0

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kvpilot_server.api import responses
+from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.auth import ApiKeyMiddleware
 from kvpilot_server.api.errors import error_response, from_exception, from_validation
 from kvpilot_server.api.metrics import RequestMetrics
@@ -30,7 +31,7 @@ from kvpilot_server.api.protocol import (
     TokenizeRequest,
 )
 from kvpilot_server.engine.async_engine import AsyncEngine
-from kvpilot_server.errors import InvalidRequestError
+from kvpilot_server.errors import InvalidRequestError, OverloadedError
 from kvpilot_server.outputs import RequestOutput
 
 MAX_BODY_BYTES = 4 << 20
@@ -38,10 +39,14 @@ log = logging.getLogger(__name__)
 
 
 def build_app(
-    engine: AsyncEngine, served_model_name: str, api_keys: list[str] | None = None
+    engine: AsyncEngine,
+    served_model_name: str,
+    api_keys: list[str] | None = None,
+    admission: Admission | None = None,
 ) -> Starlette:
     tokenizer = engine.engine.tokenizer
     metrics = RequestMetrics(engine.engine, served_model_name)
+    admission = admission or Admission(max_waiting=256, request_timeout=None)
 
     async def parse(request: Request, model: type[BaseModel]) -> BaseModel | Response:
         body = await request.body()
@@ -83,12 +88,15 @@ def build_app(
         to_logprobs = responses.chat_logprobs if chat else responses.completion_logprobs
         try:
             params = parsed.engine_params()
-            stream = engine.generate(prompt, params, request_id, parsed.scheduling_class())
+            admission.admit(running=sum(engine.engine.stats().running.values()))
+            stream = admission.track(
+                engine.generate(prompt, params, request_id, parsed.scheduling_class()),
+                parsed.timeout,
+            )
             first = await anext(stream)
         except Exception as exc:
-            metrics.observe_finished(
-                None, "rejected" if isinstance(exc, InvalidRequestError) else "error"
-            )
+            rejected = isinstance(exc, InvalidRequestError | OverloadedError)
+            metrics.observe_finished(None, "rejected" if rejected else "error")
             return from_exception(exc)
         wants_logprobs = params.logprobs is not None
         if not parsed.stream:

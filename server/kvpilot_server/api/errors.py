@@ -5,7 +5,13 @@ from http import HTTPStatus
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from kvpilot_server.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from kvpilot_server.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    OverloadedError,
+    RequestFailedError,
+    RequestTimeoutError,
+)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -42,6 +48,10 @@ def from_exception(exc: Exception) -> JSONResponse:
     """Map the engine's own exceptions; anything else is a 500 with a generic message."""
     if isinstance(exc, InvalidRequestError):
         return error_response(400, str(exc), exc.param)
+    if isinstance(exc, OverloadedError):
+        return error_response(429, str(exc), headers={"Retry-After": str(exc.retry_after)})
+    if isinstance(exc, RequestTimeoutError):
+        return error_response(408, str(exc))
     if isinstance(exc, EngineDeadError):
         return error_response(503, str(exc))
     if isinstance(exc, RequestFailedError):

@@ -38,6 +38,7 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
     service_tier: Literal["auto", "default", "flex"] | None = None
+    timeout: Annotated[float, Field(gt=0.0)] | None = None  # seconds; overrides --request-timeout
     priority: int = 0  # vLLM semantics, lower is more important: above 0 selects the batch class
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:

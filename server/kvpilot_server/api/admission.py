@@ -1,0 +1,64 @@
+"""Admission control: a bounded waiting queue and per-request deadlines.
+
+A request is refused with 429 when the requests admitted but not yet running reach
+--max-waiting; Retry-After estimates when a slot frees up from the recent completion rate.
+Deadlines abort the request in the engine (its blocks are freed) and answer 408.
+"""
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+
+from kvpilot_server.errors import OverloadedError, RequestTimeoutError
+from kvpilot_server.outputs import RequestOutput
+
+_RATE_WINDOW_S = 30.0
+
+
+class Admission:
+    def __init__(self, max_waiting: int, request_timeout: float | None) -> None:
+        self.max_waiting = max_waiting
+        self.request_timeout = request_timeout
+        self.in_flight = 0
+        self.finished: deque[float] = deque(maxlen=1024)
+
+    def admit(self, running: int) -> None:
+        waiting = self.in_flight - running
+        if waiting >= self.max_waiting:
+            raise OverloadedError(
+                f"Server is at capacity ({waiting} requests waiting, limit {self.max_waiting})",
+                self.retry_after(waiting),
+            )
+        self.in_flight += 1
+
+    def retry_after(self, waiting: int) -> int:
+        now = time.monotonic()
+        recent = sum(1 for t in self.finished if now - t <= _RATE_WINDOW_S)
+        rate = recent / _RATE_WINDOW_S
+        if rate == 0:
+            return 5
+        return min(60, max(1, math.ceil((waiting - self.max_waiting + 1) / rate)))
+
+    async def track(
+        self, stream: AsyncIterator[RequestOutput], timeout: float | None
+    ) -> AsyncIterator[RequestOutput]:
+        """Pass outputs through; release the slot at the end and enforce the deadline."""
+        timeout = timeout or self.request_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    output = await asyncio.wait_for(anext(stream), remaining)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    await stream.aclose()  # aborts the request in the engine
+                    raise RequestTimeoutError(f"Request timed out after {timeout:g} s") from None
+                yield output
+        finally:
+            self.in_flight -= 1
+            self.finished.append(time.monotonic())
+            await stream.aclose()
