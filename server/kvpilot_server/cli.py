@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="seconds before a request is aborted with 408 (per request: timeout)",
     )
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to let in-flight requests finish after SIGTERM",
+    )
     add_engine_args(serve)
 
     args = parser.parse_args(argv)

@@ -1,7 +1,9 @@
 """`kvpilot serve`: load the model, start the engine loop, serve the API with uvicorn."""
 
 import argparse
+import asyncio
 import logging
+import time
 
 from kvpilot_server.engine_args import engine_config
 
@@ -12,6 +14,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from kvpilot_server.api.admission import Admission
     from kvpilot_server.api.app import build_app
     from kvpilot_server.api.auth import load_api_keys
+
+    DrainingServer = _draining_server()
     from kvpilot_server.engine.async_engine import AsyncEngine
     from kvpilot_server.errors import KvpilotError
 
@@ -27,7 +31,39 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         admission = Admission(args.max_waiting, args.request_timeout)
         app = build_app(engine, name, keys, admission)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info")
+        DrainingServer(config, admission, args.drain_timeout).run()
     finally:
         engine.shutdown()
     return 0
+
+
+def _draining_server():
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """On the first SIGTERM/SIGINT keep serving while in-flight requests finish (new ones
+        get 503 and /ready fails, so Kubernetes stops routing here), then exit; a second
+        signal exits at once."""
+
+        def __init__(self, config, admission, drain_timeout: float) -> None:
+            super().__init__(config)
+            self.admission, self.drain_timeout = admission, drain_timeout
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.admission.draining:
+                super().handle_exit(sig, frame)
+                return
+            self.admission.draining = True
+            # Signal handlers run on the event loop's thread, between its callbacks.
+            asyncio.get_event_loop().call_soon_threadsafe(
+                lambda: asyncio.ensure_future(self._drain())
+            )
+
+        async def _drain(self) -> None:
+            deadline = time.monotonic() + self.drain_timeout
+            while self.admission.in_flight > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            self.should_exit = True
+
+    return DrainingServer

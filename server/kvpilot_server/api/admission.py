@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from kvpilot_server.errors import OverloadedError, RequestTimeoutError
+from kvpilot_server.errors import EngineDeadError, OverloadedError, RequestTimeoutError
 from kvpilot_server.outputs import RequestOutput
 
 _RATE_WINDOW_S = 30.0
@@ -23,8 +23,11 @@ class Admission:
         self.request_timeout = request_timeout
         self.in_flight = 0
         self.finished: deque[float] = deque(maxlen=1024)
+        self.draining = False  # set on SIGTERM: /ready fails, new requests get 503
 
     def admit(self, running: int) -> None:
+        if self.draining:
+            raise EngineDeadError("The server is shutting down; retry on another replica")
         waiting = self.in_flight - running
         if waiting >= self.max_waiting:
             raise OverloadedError(

@@ -133,6 +133,11 @@ def build_app(
             return error_response(503, "The engine loop is not running")
         return JSONResponse({"status": "ok"})
 
+    async def ready(request: Request) -> Response:
+        if admission.draining:
+            return error_response(503, "Draining: finishing in-flight requests before exit")
+        return await health(request)
+
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "Internal server error")
@@ -168,7 +173,7 @@ def build_app(
             Route("/detokenize", detokenize, methods=["POST"]),
             Route("/metrics", scrape, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
-            Route("/ready", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
         ],
     )
 
