@@ -31,7 +31,10 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         admission = Admission(args.max_waiting, args.request_timeout)
         app = build_app(engine, name, keys, admission)
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info")
+        # kvpilot.access logs each request as JSON; uvicorn's text access log would repeat it.
+        config = uvicorn.Config(
+            app, host=args.host, port=args.port, log_level="info", access_log=False
+        )
         DrainingServer(config, admission, args.drain_timeout).run()
     finally:
         engine.shutdown()

@@ -5,6 +5,7 @@ so a client sees either a clean 4xx JSON error or a stream, never a stream that 
 A client that goes away mid-stream closes the response's generator, which aborts the request.
 """
 
+import functools
 import json
 import logging
 import uuid
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kvpilot_server.api import responses
+from kvpilot_server.api.access_log import log_request
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.auth import ApiKeyMiddleware
 from kvpilot_server.api.errors import error_response, from_exception, from_validation
@@ -46,6 +48,11 @@ def build_app(
 ) -> Starlette:
     tokenizer = engine.engine.tokenizer
     metrics = RequestMetrics(engine.engine, served_model_name)
+
+    def finished(request_id: str, status: int, output, outcome: str) -> None:
+        metrics.observe_finished(output, outcome)
+        log_request(request_id, status, output, outcome)
+
     admission = admission or Admission(max_waiting=256, request_timeout=None)
 
     async def parse(request: Request, model: type[BaseModel]) -> BaseModel | Response:
@@ -95,9 +102,10 @@ def build_app(
             )
             first = await anext(stream)
         except Exception as exc:
+            response = from_exception(exc)
             rejected = isinstance(exc, InvalidRequestError | OverloadedError)
-            metrics.observe_finished(None, "rejected" if rejected else "error")
-            return from_exception(exc)
+            finished(request_id, response.status_code, None, "rejected" if rejected else "error")
+            return response
         wants_logprobs = params.logprobs is not None
         if not parsed.stream:
             last = first
@@ -105,9 +113,10 @@ def build_app(
                 async for last in stream:  # noqa: B007 - only the final output is needed
                     pass
             except Exception as exc:
-                metrics.observe_finished(last, "error")
-                return from_exception(exc)
-            metrics.observe_finished(last, last.outputs[0].finish_reason or "error")
+                response = from_exception(exc)
+                finished(request_id, response.status_code, last, "error")
+                return response
+            finished(request_id, 200, last, last.outputs[0].finish_reason or "error")
             samples = last.outputs[0].logprobs if wants_logprobs else None
             logprobs = to_logprobs(samples, tokenizer) if samples is not None else None
             return JSONResponse(envelope.full(last, logprobs))
@@ -117,7 +126,7 @@ def build_app(
             envelope,
             parsed.include_usage,
             (lambda s: to_logprobs(s, tokenizer)) if wants_logprobs else None,
-            metrics,
+            functools.partial(finished, request_id, 200),
         )
         return StreamingResponse(events, media_type="text/event-stream")
 
@@ -184,7 +193,7 @@ async def _sse(
     envelope: responses.Envelope,
     include_usage: bool,
     to_logprobs: Callable[[list], dict] | None,
-    metrics: RequestMetrics,
+    finished: Callable[[RequestOutput, str], None],
 ) -> AsyncIterator[str]:
     def event(body: dict[str, Any]) -> str:
         return f"data: {json.dumps(body)}\n\n"
@@ -202,13 +211,13 @@ async def _sse(
                 is_first = False
             last, output = output, await anext(rest, None)
     except Exception as exc:  # mid-stream failure: say so in the stream, in OpenAI's shape
-        metrics.observe_finished(last, "error")
+        finished(last, "error")
         yield event(json.loads(from_exception(exc).body))
     except BaseException:  # the client went away (cancellation): the engine aborts the request
-        metrics.observe_finished(last, "abort")
+        finished(last, "abort")
         raise
     else:
-        metrics.observe_finished(last, last.outputs[0].finish_reason or "error")
+        finished(last, last.outputs[0].finish_reason or "error")
         if include_usage:
             yield event(envelope.usage_chunk(last))
     yield "data: [DONE]\n\n"

@@ -1,10 +1,15 @@
 """API keys: a wrong or missing key is a 401 in OpenAI's shape; probes and metrics stay open."""
 
+import json
+import time
+
 import httpx
 import openai
 import pytest
 
 from tests.server.api.live_server import start_server, stop_server
+
+SERVERS: dict = {}  # base URL -> process, for reading its log
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +28,7 @@ def secured(tiny_dir, tmp_path_factory):
         "--api-key-file",
         str(key_file),
     )
+    SERVERS[base] = proc
     yield base
     stop_server(proc)
 
@@ -40,3 +46,23 @@ def test_right_key_works_and_wrong_key_is_rejected(secured):
 def test_probes_and_metrics_need_no_key(secured):
     for path in ("/health", "/ready", "/metrics"):
         assert httpx.get(f"{secured}{path}").status_code == 200
+
+
+def test_access_log_is_json_without_prompt_or_key(secured):
+    client = openai.OpenAI(base_url=f"{secured}/v1", api_key="sk-first", max_retries=0)
+    out = client.completions.create(model="tiny", prompt="secret prompt words", max_tokens=4)
+    log = SERVERS[secured].log
+    deadline = time.monotonic() + 5
+    records = []
+    while time.monotonic() < deadline and not records:
+        log.seek(0)
+        text = log.read()
+        records = [
+            json.loads(line[line.index("{") :])
+            for line in text.splitlines()
+            if '"event": "request"' in line and out.id in line
+        ]
+        time.sleep(0.05)
+    assert records[0]["status"] == 200 and records[0]["completion_tokens"] == 4
+    assert records[0]["outcome"] == "length" and records[0]["ttft_s"] >= 0
+    assert "secret prompt" not in text and "sk-first" not in text and "sk-second" not in text
