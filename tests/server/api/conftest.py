@@ -2,21 +2,12 @@
 
 import pytest
 
-from tests.server.api.live_server import start_server, stop_server
+from tests.server.api.live_server import start_tiny_server, stop_server
 
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_dir):
-    proc, base = start_server(
-        "--model",
-        str(tiny_dir("llama")),
-        "--served-model-name",
-        "tiny",
-        "--kv-cache-bytes",
-        "32MiB",
-        "--max-model-len",
-        "256",
-    )
+    proc, base = start_tiny_server(tiny_dir("llama"))
     yield base
     stop_server(proc)
 

@@ -56,3 +56,18 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.kill()
         proc.wait()
     proc.log.close()
+
+
+def start_tiny_server(model_dir, *extra: str):
+    """The tiny Llama test model served as "tiny" with a 256-token context, plus extra flags."""
+    return start_server(
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        "tiny",
+        "--kv-cache-bytes",
+        "16MiB",
+        "--max-model-len",
+        "256",
+        *extra,
+    )

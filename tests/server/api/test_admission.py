@@ -6,25 +6,12 @@ import time
 import httpx
 import pytest
 
-from tests.server.api.live_server import start_server, stop_server
+from tests.server.api.live_server import start_tiny_server, stop_server
 
 
 @pytest.fixture(scope="module")
 def small_server(tiny_dir):
-    proc, base = start_server(
-        "--model",
-        str(tiny_dir("llama")),
-        "--served-model-name",
-        "tiny",
-        "--kv-cache-bytes",
-        "16MiB",
-        "--max-model-len",
-        "256",
-        "--max-num-seqs",
-        "2",
-        "--max-waiting",
-        "2",
-    )
+    proc, base = start_tiny_server(tiny_dir("llama"), "--max-num-seqs", "2", "--max-waiting", "2")
     yield base
     stop_server(proc)
 

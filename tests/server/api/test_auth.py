@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.api.live_server import start_server, stop_server
+from tests.server.api.live_server import start_tiny_server, stop_server
 
 SERVERS: dict = {}  # base URL -> process, for reading its log
 
@@ -16,18 +16,7 @@ SERVERS: dict = {}  # base URL -> process, for reading its log
 def secured(tiny_dir, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
     key_file.write_text("# team keys\nsk-first\nsk-second\n")
-    proc, base = start_server(
-        "--model",
-        str(tiny_dir("llama")),
-        "--served-model-name",
-        "tiny",
-        "--kv-cache-bytes",
-        "16MiB",
-        "--max-model-len",
-        "256",
-        "--api-key-file",
-        str(key_file),
-    )
+    proc, base = start_tiny_server(tiny_dir("llama"), "--api-key-file", str(key_file))
     SERVERS[base] = proc
     yield base
     stop_server(proc)

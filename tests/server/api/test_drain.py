@@ -5,20 +5,11 @@ import signal
 
 import httpx
 
-from tests.server.api.live_server import start_server
+from tests.server.api.live_server import start_tiny_server
 
 
 def test_sigterm_drains_in_flight_streams(tiny_dir):
-    proc, base = start_server(
-        "--model",
-        str(tiny_dir("llama")),
-        "--served-model-name",
-        "tiny",
-        "--kv-cache-bytes",
-        "16MiB",
-        "--max-model-len",
-        "256",
-    )
+    proc, base = start_tiny_server(tiny_dir("llama"))
     body = {
         "model": "tiny",
         "prompt": "The river",
