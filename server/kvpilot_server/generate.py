@@ -26,7 +26,7 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         llm = LLM(**vars(engine_config(args)))
         prompts = [
-            llm.apply_chat_template(r["messages"]) if "messages" in r else r["prompt"]
+            llm.engine.apply_chat_template(r["messages"]) if "messages" in r else r["prompt"]
             for r in requests
         ]
         params = [_params(args, r) for r in requests]

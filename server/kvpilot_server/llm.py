@@ -45,14 +45,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Apply the model's chat template, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.apply_chat_template(c) for c in conversations]
+        prompts = [self.engine.apply_chat_template(c) for c in conversations]
         return self.generate(prompts, params, use_tqdm)
-
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        encoded = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )
-        return list(encoded["input_ids"])
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}

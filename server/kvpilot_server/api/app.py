@@ -78,10 +78,7 @@ def build_app(
         if isinstance(parsed, Response):
             return parsed
         messages = [m.model_dump() for m in parsed.messages]
-        encoded = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )
-        return await complete(parsed, list(encoded["input_ids"]), chat=True)
+        return await complete(parsed, engine.engine.apply_chat_template(messages), chat=True)
 
     async def completions(request: Request) -> Response:
         parsed = await parse(request, CompletionRequest)
@@ -156,14 +153,11 @@ def build_app(
         if isinstance(parsed, Response):
             return parsed
         if parsed.messages is not None:
-            messages = [m.model_dump() for m in parsed.messages]
-            ids = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=True
-            )["input_ids"]
+            ids = engine.engine.apply_chat_template([m.model_dump() for m in parsed.messages])
         else:
             ids = tokenizer(parsed.prompt or "").input_ids
         limit = engine.engine.max_model_len
-        return JSONResponse({"tokens": list(ids), "count": len(ids), "max_model_len": limit})
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": limit})
 
     async def detokenize(request: Request) -> Response:
         parsed = await parse(request, DetokenizeRequest)

@@ -118,6 +118,13 @@ class LLMEngine:
         )
         self.scheduler.add(seq)
 
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation in the model's own chat template, ready to generate."""
+        encoded = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(encoded["input_ids"])
+
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             token_ids = self.tokenizer(prompt).input_ids
