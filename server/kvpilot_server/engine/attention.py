@@ -23,7 +23,9 @@ class DecodeGroup:
     end: int
     block_ids: torch.Tensor  # [rows * blocks] each sequence's block table, padded to `blocks`
     blocks: int
-    mask: torch.Tensor  # [1, rows, 1, blocks * block_size] bool: which keys each row sees
+    # [1, rows, 1, blocks * block_size] bool, which keys each row sees; None when the kernel
+    # serves the group (it reads each row's length and window itself).
+    mask: torch.Tensor | None
     context_lens: torch.Tensor  # [rows] tokens each row attends to (its own included)
 
 
@@ -61,13 +63,11 @@ class Workspace:
         return buf[:numel].view(shape)
 
 
-def causal_mask(
-    query_start: int, num_queries: int, context_len: int, window: int | None
-) -> torch.Tensor:
-    """[num_queries, context_len] bool: key j is visible to query at position p when j <= p
-    (and p - j < window for sliding-window layers)."""
-    q = torch.arange(query_start, query_start + num_queries).unsqueeze(1)
-    k = torch.arange(context_len).unsqueeze(0)
+def visible_keys(positions: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:
+    """[len(positions), num_keys] bool: key j is visible to a query at position p when j <= p
+    (and p - j < window on sliding-window layers). One rule for prefill chunks and decodes."""
+    q = positions.unsqueeze(1)
+    k = torch.arange(num_keys).unsqueeze(0)
     mask = k <= q
     if window is not None:
         mask &= q - k < window

@@ -8,7 +8,7 @@ from kvpilot_server.engine.attention import (
     AttentionMetadata,
     DecodeGroup,
     PrefillChunk,
-    causal_mask,
+    visible_keys,
 )
 from kvpilot_server.engine.llama import LlamaForCausalLM
 from kvpilot_server.engine.model_config import rope_tables
@@ -106,7 +106,8 @@ class ModelRunner:
             context = seq.num_computed_tokens + n
             fresh = seq.num_computed_tokens == 0 and (window is None or window >= n)
             blocks = seq.block_table[: -(-context // self.block_size)]
-            mask = None if fresh else causal_mask(context - n, n, context, window)
+            positions = torch.arange(context - n, context)
+            mask = None if fresh else visible_keys(positions, context, window)
             meta.prefills.append(
                 PrefillChunk(
                     start=row,
@@ -128,18 +129,18 @@ class ModelRunner:
             for seq in seqs
             for b in seq.block_table[:width] + [0] * (width - len(seq.block_table[:width]))
         ]
-        context = torch.tensor(lens).unsqueeze(1)
-        keys = torch.arange(width * self.block_size).unsqueeze(0)
-        mask = keys < context
-        if window is not None:
-            mask &= context - 1 - keys < window
+        context = torch.tensor(lens)
+        mask = None
+        if self.kernel is None:
+            mask = visible_keys(context - 1, width * self.block_size, window)
+            mask = mask[None, :, None, :].to(self.device)
         return DecodeGroup(
             start=start,
             end=start + len(seqs),
             block_ids=torch.tensor(ids, device=self.device),
             blocks=width,
-            mask=mask[None, :, None, :].to(self.device),
-            context_lens=context.view(-1).to(self.device),
+            mask=mask,
+            context_lens=context.to(self.device),
         )
 
 

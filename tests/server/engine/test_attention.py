@@ -9,6 +9,7 @@ from kvpilot_server.engine.attention import (
     DecodeGroup,
     Workspace,
     paged_attention,
+    visible_keys,
 )
 
 kernel = cpu_kernels.load()
@@ -16,12 +17,10 @@ kernel = cpu_kernels.load()
 
 def _decode_meta(block_tables, lens, block_size, window, use_kernel) -> AttentionMetadata:
     rows, blocks = block_tables.shape
-    keys = torch.arange(blocks * block_size).unsqueeze(0)
-    context = lens.unsqueeze(1)
-    mask = keys < context
-    if window:
-        mask &= context - 1 - keys < window
-    group = DecodeGroup(0, rows, block_tables.flatten(), blocks, mask[None, :, None, :], lens)
+    mask = (
+        None if use_kernel else visible_keys(lens - 1, blocks * block_size, window)[None, :, None]
+    )
+    group = DecodeGroup(0, rows, block_tables.flatten(), blocks, mask, lens)
     slots = torch.stack(
         [
             block_tables[i, (n - 1) // block_size] * block_size + (n - 1) % block_size
