@@ -79,14 +79,17 @@ class BlockPool:
         """Key every block of seq that is full and computed, so later requests can share it."""
         if not self.enable_prefix_caching:
             return
-        parent = None
-        for i in range(seq.num_computed_tokens // self.block_size):
+        # Runs every step for every sequence: start after the blocks keyed in earlier steps.
+        start = seq.num_keyed_blocks
+        parent = self.blocks[seq.block_table[start - 1]].key if start else None
+        for i in range(start, seq.num_computed_tokens // self.block_size):
             block = self.blocks[seq.block_table[i]]
             if block.key is None:
                 tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
                 block.key, block.tokens = chain_hash(parent, tokens), tokens
                 self.cached.setdefault(block.key, block.block_id)
             parent = block.key
+            seq.num_keyed_blocks = i + 1
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -124,6 +127,7 @@ class BlockPool:
                 self.free[block_id] = None
         seq.block_table = []
         seq.num_computed_tokens = 0
+        seq.num_keyed_blocks = 0
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -104,6 +104,7 @@ class LLMEngine:
         self.requests[request_id] = Request(
             seq=seq,
             prompt=prompt if isinstance(prompt, str) else None,
+            prompt_token_ids=list(token_ids),
             detokenizer=Detokenizer(
                 self.tokenizer,
                 token_ids,

@@ -13,6 +13,7 @@ from kvpilot_server.outputs import CompletionOutput, RequestMetrics, RequestOutp
 class Request:
     seq: Sequence
     prompt: str | None
+    prompt_token_ids: list[int]  # copied once: seq.token_ids grows as tokens are generated
     detokenizer: Detokenizer
     eos_token_ids: list[int]
     max_model_len: int
@@ -70,7 +71,7 @@ class Request:
         return RequestOutput(
             request_id=seq.request_id,
             prompt=self.prompt,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            prompt_token_ids=self.prompt_token_ids,
             outputs=[completion],
             finished=self.finished,
             metrics=self.metrics,

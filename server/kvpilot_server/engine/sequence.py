@@ -36,6 +36,7 @@ class Sequence:
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0  # tokens whose K/V sit in the cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_keyed_blocks: int = 0  # leading blocks already registered in the prefix cache
     block_table: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
