@@ -58,8 +58,16 @@ class RequestFailedError(KvpilotError):
     """A request failed inside the engine (HTTP 500); other requests were not affected."""
 
 
-class EngineDeadError(KvpilotError):
-    """The engine loop has stopped; no request can be served (HTTP 503)."""
+class UnavailableError(KvpilotError):
+    """This replica cannot take the request now; another one may (HTTP 503)."""
+
+
+class EngineDeadError(UnavailableError):
+    """The engine loop has stopped; no request can be served."""
+
+
+class DrainingError(UnavailableError):
+    """The server is shutting down and finishing in-flight requests."""
 
 
 class OverloadedError(KvpilotError):

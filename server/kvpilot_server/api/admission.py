@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from kvpilot_server.errors import EngineDeadError, OverloadedError, RequestTimeoutError
+from kvpilot_server.errors import DrainingError, OverloadedError, RequestTimeoutError
 from kvpilot_server.outputs import RequestOutput
 
 _RATE_WINDOW_S = 30.0
@@ -27,7 +27,7 @@ class Admission:
 
     def admit(self, running: int) -> None:
         if self.draining:
-            raise EngineDeadError("The server is shutting down; retry on another replica")
+            raise DrainingError("The server is shutting down; retry on another replica")
         waiting = self.in_flight - running
         if waiting >= self.max_waiting:
             raise OverloadedError(

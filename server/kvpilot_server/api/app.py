@@ -25,7 +25,7 @@ from kvpilot_server.api.access_log import log_request
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.auth import ApiKeyMiddleware
 from kvpilot_server.api.errors import error_response, from_exception, from_validation
-from kvpilot_server.api.metrics import RequestMetrics
+from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -47,7 +47,7 @@ def build_app(
     admission: Admission | None = None,
 ) -> Starlette:
     tokenizer = engine.engine.tokenizer
-    metrics = RequestMetrics(engine.engine, served_model_name)
+    metrics = ServerMetrics(engine.engine, served_model_name)
 
     def finished(request_id: str, status: int, output, outcome: str) -> None:
         metrics.observe_finished(output, outcome)

@@ -6,11 +6,11 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from kvpilot_server.errors import (
-    EngineDeadError,
     InvalidRequestError,
     OverloadedError,
     RequestFailedError,
     RequestTimeoutError,
+    UnavailableError,
 )
 
 _TYPES = {
@@ -52,7 +52,7 @@ def from_exception(exc: Exception) -> JSONResponse:
         return error_response(429, str(exc), headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, RequestTimeoutError):
         return error_response(408, str(exc))
-    if isinstance(exc, EngineDeadError):
+    if isinstance(exc, UnavailableError):
         return error_response(503, str(exc))
     if isinstance(exc, RequestFailedError):
         return error_response(500, str(exc))

@@ -64,7 +64,7 @@ class EngineCollector:
         return gauge
 
 
-class RequestMetrics:
+class ServerMetrics:
     def __init__(self, engine: LLMEngine, model: str) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine, model))

@@ -7,7 +7,6 @@ so an interrupted run never leaves a half-written cache; later loads just read t
 
 import importlib.util
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -84,6 +83,3 @@ def _convert(gguf: Path, target: Path) -> None:
                 raise
         steps.update()
     steps.close()
-    if not (target / "config.json").is_file():
-        shutil.rmtree(target, ignore_errors=True)
-        raise ModelLoadError(f"Conversion of {gguf} did not produce {target}")

@@ -39,9 +39,9 @@ def build_tiny_model(name: str, target: Path, tokenizer_dir: Path, seed: int = 0
         return target
     class_name, overrides = TINY_MODELS[name]
     config_class = getattr(transformers, class_name)
-    vocab = _vocab_size(tokenizer_dir)
-    config = config_class(**{**TINY_BASE, **overrides, "vocab_size": vocab})
-    config.bos_token_id, config.eos_token_id = _special_ids(tokenizer_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = config_class(**{**TINY_BASE, **overrides, "vocab_size": len(tokenizer)})
+    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tmp = target.with_name(target.name + ".tmp")
@@ -52,16 +52,3 @@ def build_tiny_model(name: str, target: Path, tokenizer_dir: Path, seed: int = 0
             shutil.copy(file, tmp / file.name)
     tmp.replace(target)
     return target
-
-
-def _vocab_size(tokenizer_dir: Path) -> int:
-    from transformers import AutoTokenizer
-
-    return len(AutoTokenizer.from_pretrained(tokenizer_dir))
-
-
-def _special_ids(tokenizer_dir: Path) -> tuple[int, int]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    return tok.bos_token_id, tok.eos_token_id
