@@ -52,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds before a request is aborted with 408 (per request: timeout)",
     )
     serve.add_argument(
+        "--context-overflow",
+        choices=["reject", "truncate-oldest"],
+        default="reject",
+        help="a chat longer than the context: reject with 400, or drop the oldest non-system "
+        "turns until it fits (response header X-KVPilot-Dropped-Messages says how many)",
+    )
+    serve.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,

@@ -33,7 +33,10 @@ class RequestMetrics:
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
     finished_time: float | None = None
+    # Gap before each token after the first: the per-token ITL histogram is fed from these.
+    inter_token_latencies: list[float] = field(default_factory=list)
 
 
 @dataclass

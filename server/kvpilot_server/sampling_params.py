@@ -4,6 +4,8 @@ from dataclasses import dataclass, field
 
 from kvpilot_server.errors import InvalidRequestError
 
+_MIN_TEMPERATURE = 1e-5
+
 
 @dataclass
 class SamplingParams:
@@ -30,6 +32,8 @@ class SamplingParams:
         self.stop = [s for s in self.stop if s]
         if self.top_k == -1:
             self.top_k = 0
+        if 0.0 < self.temperature < _MIN_TEMPERATURE:  # logits / 1e-30 overflow: greedy, as vLLM
+            self.temperature = 0.0
         self._check()
 
     def _check(self) -> None:
@@ -49,6 +53,7 @@ class SamplingParams:
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
             (self.repetition_penalty > 0.0, "repetition_penalty", "must be positive"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]"),
+            (self.seed is None or -(2**63) <= self.seed < 2**64, "seed", "must fit in 64 bits"),
         ]
         for ok, name, rule in checks:
             if not ok:

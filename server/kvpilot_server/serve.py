@@ -30,7 +30,7 @@ def run_serve(args: argparse.Namespace) -> int:
     keys = load_api_keys(args.api_key_file)
     try:
         admission = Admission(args.max_waiting, args.request_timeout)
-        app = build_app(engine, name, keys, admission)
+        app = build_app(engine, name, keys, admission, args.context_overflow)
         # kvpilot.access logs each request as JSON; uvicorn's text access log would repeat it.
         config = uvicorn.Config(
             app, host=args.host, port=args.port, log_level="info", access_log=False

@@ -9,12 +9,13 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TypeVar
 
 from kvpilot_server.errors import DrainingError, OverloadedError, RequestTimeoutError
-from kvpilot_server.outputs import RequestOutput
 
 _RATE_WINDOW_S = 30.0
+T = TypeVar("T")
 
 
 class Admission:
@@ -25,7 +26,8 @@ class Admission:
         self.finished: deque[float] = deque(maxlen=1024)
         self.draining = False  # set on SIGTERM: /ready fails, new requests get 503
 
-    def admit(self, running: int) -> None:
+    def admit(self, running: int, slots: int = 1) -> None:
+        """Take `slots` places (one per engine request) or refuse; track() gives them back."""
         if self.draining:
             raise DrainingError("The server is shutting down; retry on another replica")
         waiting = self.in_flight - running
@@ -34,7 +36,7 @@ class Admission:
                 f"Server is at capacity ({waiting} requests waiting, limit {self.max_waiting})",
                 self.retry_after(waiting),
             )
-        self.in_flight += 1
+        self.in_flight += slots
 
     def retry_after(self, waiting: int) -> int:
         now = time.monotonic()
@@ -45,8 +47,8 @@ class Admission:
         return min(60, max(1, math.ceil((waiting - self.max_waiting + 1) / rate)))
 
     async def track(
-        self, stream: AsyncIterator[RequestOutput], timeout: float | None
-    ) -> AsyncIterator[RequestOutput]:
+        self, stream: AsyncGenerator[T, None], timeout: float | None, slots: int = 1
+    ) -> AsyncIterator[T]:
         """Pass outputs through; release the slot at the end and enforce the deadline."""
         timeout = timeout or self.request_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -62,6 +64,6 @@ class Admission:
                     raise RequestTimeoutError(f"Request timed out after {timeout:g} s") from None
                 yield output
         finally:
-            self.in_flight -= 1
-            self.finished.append(time.monotonic())
+            self.in_flight -= slots
+            self.finished.extend([time.monotonic()] * slots)
             await stream.aclose()

@@ -1,31 +1,24 @@
-"""The Starlette app: OpenAI-compatible completions over the async engine.
+"""The Starlette app: routes of the OpenAI-compatible API over the async engine."""
 
-Bad input is answered before any streaming starts (the first engine output is awaited first),
-so a client sees either a clean 4xx JSON error or a stream, never a stream that breaks.
-A client that goes away mid-stream closes the response's generator, which aborts the request.
-"""
-
-import functools
 import json
 import logging
-import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kvpilot_server.api import responses
-from kvpilot_server.api.access_log import log_request
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.auth import ApiKeyMiddleware
+from kvpilot_server.api.completions import Completions
+from kvpilot_server.api.context import drop_oldest_turns
 from kvpilot_server.api.errors import error_response, from_exception, from_validation
 from kvpilot_server.api.metrics import ServerMetrics
+from kvpilot_server.api.openapi import openapi_document
 from kvpilot_server.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -33,9 +26,10 @@ from kvpilot_server.api.protocol import (
     TokenizeRequest,
 )
 from kvpilot_server.engine.async_engine import AsyncEngine
-from kvpilot_server.errors import InvalidRequestError, OverloadedError
-from kvpilot_server.outputs import RequestOutput
+from kvpilot_server.errors import InvalidRequestError
 
+ContextOverflow = Literal["reject", "truncate-oldest"]
+TRUNCATED_HEADER = "X-KVPilot-Dropped-Messages"
 MAX_BODY_BYTES = 4 << 20
 log = logging.getLogger(__name__)
 
@@ -45,15 +39,12 @@ def build_app(
     served_model_name: str,
     api_keys: list[str] | None = None,
     admission: Admission | None = None,
+    context_overflow: ContextOverflow = "reject",
 ) -> Starlette:
     tokenizer = engine.engine.tokenizer
     metrics = ServerMetrics(engine.engine, served_model_name)
-
-    def finished(request_id: str, status: int, output, outcome: str) -> None:
-        metrics.observe_finished(output, outcome)
-        log_request(request_id, status, output, outcome)
-
     admission = admission or Admission(max_waiting=256, request_timeout=None)
+    completions_api = Completions(engine, admission, metrics, served_model_name)
 
     async def parse(request: Request, model: type[BaseModel]) -> BaseModel | Response:
         body = await request.body()
@@ -77,59 +68,40 @@ def build_app(
         parsed = await parse(request, ChatCompletionRequest)
         if isinstance(parsed, Response):
             return parsed
-        messages = [m.model_dump() for m in parsed.messages]
-        return await complete(parsed, engine.engine.apply_chat_template(messages), chat=True)
+        try:
+            prompt, headers = chat_prompt([m.model_dump() for m in parsed.messages], parsed)
+        except InvalidRequestError as exc:
+            return from_exception(exc)
+        return await completions_api.serve(request, parsed, prompt, chat=True, headers=headers)
+
+    def chat_prompt(
+        messages: list[dict], parsed: ChatCompletionRequest
+    ) -> tuple[list[int], dict[str, str] | None]:
+        """The prompt's token ids, after the context policy; headers that say what it did."""
+        if context_overflow == "reject":
+            return engine.engine.apply_chat_template(messages), None
+        limit, room = engine.engine.max_model_len, parsed.requested_tokens or 1
+
+        def fits(kept: list[dict]) -> bool:
+            return len(engine.engine.apply_chat_template(kept)) + room <= limit
+
+        messages, dropped = drop_oldest_turns(messages, fits)
+        return engine.engine.apply_chat_template(messages), {TRUNCATED_HEADER: str(dropped)}
 
     async def completions(request: Request) -> Response:
         parsed = await parse(request, CompletionRequest)
         if isinstance(parsed, Response):
             return parsed
-        return await complete(parsed, parsed.prompt, chat=False)
-
-    async def complete(parsed, prompt: str | list[int], chat: bool) -> Response:
-        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        envelope = responses.Envelope(request_id, served_model_name, chat)
-        to_logprobs = responses.chat_logprobs if chat else responses.completion_logprobs
-        try:
-            params = parsed.engine_params()
-            admission.admit(running=sum(engine.engine.stats().running.values()))
-            stream = admission.track(
-                engine.generate(prompt, params, request_id, parsed.scheduling_class()),
-                parsed.timeout,
-            )
-            first = await anext(stream)
-        except Exception as exc:
-            response = from_exception(exc)
-            rejected = isinstance(exc, InvalidRequestError | OverloadedError)
-            finished(request_id, response.status_code, None, "rejected" if rejected else "error")
-            return response
-        wants_logprobs = params.logprobs is not None
-        if not parsed.stream:
-            last = first
-            try:
-                async for last in stream:  # noqa: B007 - only the final output is needed
-                    pass
-            except Exception as exc:
-                response = from_exception(exc)
-                finished(request_id, response.status_code, last, "error")
-                return response
-            finished(request_id, 200, last, last.outputs[0].finish_reason or "error")
-            samples = last.outputs[0].logprobs if wants_logprobs else None
-            logprobs = to_logprobs(samples, tokenizer) if samples is not None else None
-            return JSONResponse(envelope.full(last, logprobs))
-        events = _sse(
-            first,
-            stream,
-            envelope,
-            parsed.include_usage,
-            (lambda s: to_logprobs(s, tokenizer)) if wants_logprobs else None,
-            functools.partial(finished, request_id, 200),
-        )
-        return StreamingResponse(events, media_type="text/event-stream")
+        return await completions_api.serve(request, parsed, parsed.prompt, chat=False)
 
     async def models(_: Request) -> Response:
         card = {"id": served_model_name, "object": "model", "created": 0, "owned_by": "kvpilot"}
         return JSONResponse({"object": "list", "data": [card]})
+
+    document = openapi_document(served_model_name)
+
+    async def schema(_: Request) -> Response:
+        return JSONResponse(document)
 
     async def scrape(_: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -177,41 +149,6 @@ def build_app(
             Route("/metrics", scrape, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
+            Route("/openapi.json", schema, methods=["GET"]),
         ],
     )
-
-
-async def _sse(
-    first: RequestOutput,
-    rest: AsyncIterator[RequestOutput],
-    envelope: responses.Envelope,
-    include_usage: bool,
-    to_logprobs: Callable[[list], dict] | None,
-    finished: Callable[[RequestOutput, str], None],
-) -> AsyncIterator[str]:
-    def event(body: dict[str, Any]) -> str:
-        return f"data: {json.dumps(body)}\n\n"
-
-    sent, last, is_first = 0, first, True
-    try:
-        output: RequestOutput | None = first
-        while output is not None:
-            completion = output.outputs[0]
-            samples = (completion.logprobs or [])[sent:]
-            sent += len(samples)
-            logprobs = to_logprobs(samples) if to_logprobs and samples else None
-            if completion.delta_text or output.finished or is_first:
-                yield event(envelope.chunk(completion.delta_text, output, logprobs, is_first))
-                is_first = False
-            last, output = output, await anext(rest, None)
-    except Exception as exc:  # mid-stream failure: say so in the stream, in OpenAI's shape
-        finished(last, "error")
-        yield event(json.loads(from_exception(exc).body))
-    except BaseException:  # the client went away (cancellation): the engine aborts the request
-        finished(last, "abort")
-        raise
-    else:
-        finished(last, last.outputs[0].finish_reason or "error")
-        if include_usage:
-            yield event(envelope.usage_chunk(last))
-    yield "data: [DONE]\n\n"

@@ -1,4 +1,5 @@
-"""API keys: `Authorization: Bearer <key>` on every route but the probes and /metrics.
+"""API keys: `Authorization: Bearer <key>` on every route but the probes, /metrics and the
+API description (/openapi.json).
 
 Keys come from --api-key-file (one per line) and KVPILOT_API_KEYS (comma-separated). They are
 compared in constant time and never logged.
@@ -12,7 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvpilot_server.api.errors import error_response
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
 
 
 def load_api_keys(key_file: str | None) -> list[str]:

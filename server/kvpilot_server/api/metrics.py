@@ -103,8 +103,8 @@ class ServerMetrics:
             self.queue.labels(self.model).observe(m.first_scheduled_time - m.arrival_time)
         if m.first_token_time is not None:
             self.ttft.labels(self.model).observe(m.first_token_time - m.arrival_time)
-            end = m.finished_time or m.first_token_time
+            end = m.finished_time or m.last_token_time or m.first_token_time
             self.e2e.labels(self.model).observe(end - m.arrival_time)
-            if usage.completion_tokens > 1:
-                gap = (end - m.first_token_time) / (usage.completion_tokens - 1)
-                self.itl.labels(self.model).observe(gap)
+        itl = self.itl.labels(self.model)
+        for gap in m.inter_token_latencies:
+            itl.observe(gap)

@@ -9,6 +9,7 @@ from kvpilot_server.errors import InvalidRequestError
 from kvpilot_server.sampling_params import SamplingParams
 
 PositiveInt = Annotated[int, Field(ge=1)]
+MAX_CHOICES = 16
 
 
 class StreamOptions(BaseModel):
@@ -24,7 +25,7 @@ class SamplingFields(BaseModel):
     max_tokens: PositiveInt | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    n: Literal[1] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     stop: str | list[str] | None = None
     seed: int | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
@@ -83,7 +84,11 @@ class ChatCompletionRequest(SamplingFields):
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs: true", "top_logprobs")
         k = (self.top_logprobs or 0) if self.logprobs else None
-        return self.sampling_params(self.max_completion_tokens or self.max_tokens, k)
+        return self.sampling_params(self.requested_tokens, k)
+
+    @property
+    def requested_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
 
 class CompletionRequest(SamplingFields):

@@ -9,13 +9,15 @@ from kvpilot_server.engine.sampler import Sample
 from kvpilot_server.outputs import RequestOutput
 
 
-def usage(output: RequestOutput) -> dict[str, Any]:
-    u = output.usage
+def usage(outputs: list[RequestOutput]) -> dict[str, Any]:
+    """One prompt, n completions: the prompt counts once, completion tokens add up."""
+    prompt = outputs[0].usage
+    completion_tokens = sum(o.usage.completion_tokens for o in outputs)
     return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "prompt_tokens": prompt.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": prompt.cached_tokens},
     }
 
 
@@ -70,26 +72,32 @@ class Envelope:
             **extra,
         }
 
-    def full(self, output: RequestOutput, logprobs: dict | None) -> dict[str, Any]:
-        completion = output.outputs[0]
-        choice = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason(output)}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": completion.text}
-            return self.body("chat.completion", [choice], usage=usage(output))
-        choice["text"] = completion.text
-        return self.body("text_completion", [choice], usage=usage(output))
+    def full(self, outputs: list[RequestOutput], logprobs: list[dict | None]) -> dict[str, Any]:
+        choices = []
+        for index, (output, lp) in enumerate(zip(outputs, logprobs, strict=True)):
+            choice = {"index": index, "logprobs": lp, "finish_reason": finish_reason(output)}
+            text = output.outputs[0].text
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choices.append(choice)
+        obj = "chat.completion" if self.chat else "text_completion"
+        return self.body(obj, choices, usage=usage(outputs))
 
     def chunk(
-        self, text: str, output: RequestOutput | None, logprobs: dict | None, first: bool = False
+        self, index: int, output: RequestOutput, logprobs: dict | None, first: bool = False
     ) -> dict[str, Any]:
-        reason = finish_reason(output) if output is not None and output.finished else None
-        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": reason}
+        """The delta one engine output adds to choice `index`."""
+        text = output.outputs[0].delta_text
+        reason = finish_reason(output) if output.finished else None
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": reason}
         if self.chat:
             choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
             return self.body("chat.completion.chunk", [choice])
         choice["text"] = text
         return self.body("text_completion", [choice])
 
-    def usage_chunk(self, output: RequestOutput) -> dict[str, Any]:
+    def usage_chunk(self, outputs: list[RequestOutput]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return self.body(obj, [], usage=usage(output))
+        return self.body(obj, [], usage=usage(outputs))

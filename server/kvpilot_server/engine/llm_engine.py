@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from kvpilot_server.config import EngineConfig
@@ -121,9 +122,12 @@ class LLMEngine:
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Token ids of a conversation in the model's own chat template, ready to generate."""
-        encoded = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )
+        try:
+            encoded = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+        except TemplateError as exc:  # templates raise on what they do not accept (role order)
+            raise InvalidRequestError(f"The chat template rejected the messages: {exc}") from exc
         return list(encoded["input_ids"])
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:

@@ -25,9 +25,13 @@ class Request:
 
     def append(self, sample: Sample) -> None:
         """Add one generated token and decide whether the request is done."""
-        seq, params = self.seq, self.seq.params
-        if self.metrics.first_token_time is None:
-            self.metrics.first_token_time = time.monotonic()
+        seq, params, metrics = self.seq, self.seq.params, self.metrics
+        now = time.monotonic()
+        if metrics.last_token_time is None:
+            metrics.first_token_time = now
+        else:
+            metrics.inter_token_latencies.append(now - metrics.last_token_time)
+        metrics.last_token_time = now
         seq.token_ids.append(sample.token_id)
         self.delta_token_ids.append(sample.token_id)
         if self.logprobs is not None:

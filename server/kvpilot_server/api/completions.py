@@ -1,0 +1,183 @@
+"""Serving one completion request: n engine requests, answered as one JSON body or an SSE stream.
+
+Bad input is answered before any streaming starts (the first engine output is awaited first),
+so a client sees either a clean 4xx JSON error or a stream, never a stream that breaks.
+A client that goes away aborts its engine requests: mid-stream the response's generator is
+closed; while a non-streaming request runs, a watcher on the connection cancels the collection.
+"""
+
+import asyncio
+import dataclasses
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from kvpilot_server.api import responses
+from kvpilot_server.api.access_log import log_request
+from kvpilot_server.api.admission import Admission
+from kvpilot_server.api.errors import from_exception
+from kvpilot_server.api.fanout import merge
+from kvpilot_server.api.metrics import ServerMetrics
+from kvpilot_server.api.protocol import SamplingFields
+from kvpilot_server.engine.async_engine import AsyncEngine
+from kvpilot_server.errors import InvalidRequestError, OverloadedError
+from kvpilot_server.outputs import RequestOutput
+
+Choice = tuple[int, RequestOutput]
+CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
+
+
+class Completions:
+    def __init__(
+        self, engine: AsyncEngine, admission: Admission, metrics: ServerMetrics, model: str
+    ) -> None:
+        self.engine, self.admission, self.metrics, self.model = engine, admission, metrics, model
+        self.tokenizer = engine.engine.tokenizer
+
+    async def serve(
+        self,
+        request: Request,
+        parsed: SamplingFields,
+        prompt: str | list[int],
+        chat: bool,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        outputs: list[RequestOutput | None] = [None] * parsed.n
+        done = _Accounting(request_id, outputs, self.metrics)
+        try:
+            params = parsed.engine_params()
+            self.admission.admit(sum(self.engine.engine.stats().running.values()), parsed.n)
+            # Choice i samples with seed + i: reproducible, yet the choices differ.
+            seeds = [None if params.seed is None else params.seed + i for i in range(parsed.n)]
+            sources = [
+                self.engine.generate(
+                    prompt,
+                    dataclasses.replace(params, seed=seeds[i]),
+                    request_id if parsed.n == 1 else f"{request_id}-{i}",
+                    parsed.scheduling_class(),
+                )
+                for i in range(parsed.n)
+            ]
+            stream = self.admission.track(merge(sources), parsed.timeout, parsed.n)
+            first = await anext(stream)
+        except Exception as exc:
+            response = from_exception(exc)
+            rejected = isinstance(exc, InvalidRequestError | OverloadedError)
+            done(response.status_code, "rejected" if rejected else "error")
+            return response
+        envelope = responses.Envelope(request_id, self.model, chat)
+        to_logprobs = responses.chat_logprobs if chat else responses.completion_logprobs
+        wants_logprobs = params.logprobs is not None
+
+        def logprobs(samples: list) -> dict | None:
+            return to_logprobs(samples, self.tokenizer) if wants_logprobs and samples else None
+
+        if parsed.stream:
+            events = _sse(first, stream, outputs, envelope, parsed.include_usage, logprobs, done)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        outputs[first[0]] = first[1]
+
+        async def collect() -> None:
+            async for index, output in stream:
+                outputs[index] = output
+
+        try:
+            if not await _unless_client_leaves(request, collect()):
+                done(CLIENT_CLOSED, "abort")
+                return Response(status_code=CLIENT_CLOSED)
+        except Exception as exc:
+            response = from_exception(exc)
+            done(response.status_code, "error")
+            return response
+        done(200, None)
+        finals: list[RequestOutput] = outputs  # type: ignore[assignment] - all finished
+        lps = [
+            to_logprobs(o.outputs[0].logprobs or [], self.tokenizer) if wants_logprobs else None
+            for o in finals
+        ]
+        return JSONResponse(envelope.full(finals, lps), headers=headers)
+
+
+class _Accounting:
+    """Metrics per choice (each is an engine request) and one access-log line per request."""
+
+    def __init__(
+        self, request_id: str, outputs: list[RequestOutput | None], metrics: ServerMetrics
+    ) -> None:
+        self.request_id, self.outputs, self.metrics = request_id, outputs, metrics
+
+    def __call__(self, status: int, outcome: str | None) -> None:
+        """outcome None: the request completed and each choice counts its own finish reason."""
+        reasons = []
+        for output in self.outputs:
+            reason = outcome or (output and output.outputs[0].finish_reason) or "error"
+            self.metrics.observe_finished(output, reason)
+            reasons.append(reason)
+        log_request(self.request_id, status, self.outputs, ",".join(sorted(set(reasons))))
+
+
+async def _unless_client_leaves(request: Request, work: Coroutine[Any, Any, None]) -> bool:
+    """Run `work`; if the client disconnects first, cancel it (which closes the engine stream
+    it is reading, aborting the requests) and return False. Errors of `work` propagate."""
+
+    async def gone() -> None:
+        # The body has been read, so the next ASGI message is the disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        return False
+    task.result()
+    return True
+
+
+async def _sse(
+    first: Choice,
+    rest: AsyncIterator[Choice],
+    outputs: list[RequestOutput | None],
+    envelope: responses.Envelope,
+    include_usage: bool,
+    logprobs: Callable[[list], dict | None],
+    done: Callable[[int, str | None], None],
+) -> AsyncIterator[str]:
+    def event(body: dict[str, Any]) -> str:
+        return f"data: {json.dumps(body)}\n\n"
+
+    sent = [0] * len(outputs)  # logprobs already streamed, per choice
+    opened: set[int] = set()  # choices whose first chunk (carrying the role) went out
+    item: Choice | None = first
+    try:
+        while item is not None:
+            index, output = item
+            outputs[index] = output
+            samples = (output.outputs[0].logprobs or [])[sent[index] :]
+            sent[index] += len(samples)
+            opening = index not in opened
+            if output.outputs[0].delta_text or output.finished or opening:
+                opened.add(index)
+                yield event(envelope.chunk(index, output, logprobs(samples), opening))
+            item = await anext(rest, None)
+    except Exception as exc:  # mid-stream failure: say so in the stream, in OpenAI's shape
+        done(200, "error")
+        yield event(json.loads(from_exception(exc).body))
+    except BaseException:  # the client went away (cancellation): the engine aborts the request
+        done(200, "abort")
+        raise
+    else:
+        done(200, None)
+        if include_usage:
+            yield event(envelope.usage_chunk(outputs))  # type: ignore[arg-type]
+    yield "data: [DONE]\n\n"
