@@ -68,10 +68,7 @@ def build_app(
         parsed = await parse(request, ChatCompletionRequest)
         if isinstance(parsed, Response):
             return parsed
-        try:
-            prompt, headers = chat_prompt([m.model_dump() for m in parsed.messages], parsed)
-        except InvalidRequestError as exc:
-            return from_exception(exc)
+        prompt, headers = chat_prompt([m.model_dump() for m in parsed.messages], parsed)
         return await completions_api.serve(request, parsed, prompt, chat=True, headers=headers)
 
     def chat_prompt(
@@ -116,6 +113,9 @@ def build_app(
             return error_response(503, "Draining: finishing in-flight requests before exit")
         return await health(request)
 
+    async def invalid(_: Request, exc: Exception) -> Response:
+        return from_exception(exc)
+
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "Internal server error")
@@ -135,11 +135,12 @@ def build_app(
         parsed = await parse(request, DetokenizeRequest)
         if isinstance(parsed, Response):
             return parsed
-        return JSONResponse({"prompt": tokenizer.decode(parsed.tokens)})
+        return JSONResponse({"prompt": engine.engine.decode(parsed.tokens)})
 
     return Starlette(
         middleware=[Middleware(ApiKeyMiddleware, keys=api_keys or [])],
-        exception_handlers={Exception: unexpected},
+        # Bad input found outside the completion path (chat template, token ids) is a 400.
+        exception_handlers={InvalidRequestError: invalid, Exception: unexpected},
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),

@@ -12,14 +12,19 @@ PositiveInt = Annotated[int, Field(ge=1)]
 MAX_CHOICES = 16
 
 
-class StreamOptions(BaseModel):
+class Body(BaseModel):
+    """Strict types, as OpenAI's API: "5" is not a number and 0 is not false. Unknown fields are
+    ignored, so clients written for newer OpenAI features still work."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(Body):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(Body):
     """Fields shared by chat and text completions (OpenAI's, plus vLLM's extras)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     max_tokens: PositiveInt | None = None
@@ -69,7 +74,7 @@ class SamplingFields(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(Body):
     role: Literal["system", "user", "assistant"]
     content: str
 
@@ -101,12 +106,12 @@ class CompletionRequest(SamplingFields):
         return self.sampling_params(self.max_tokens, self.logprobs)
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(Body):
     model: str | None = None
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(Body):
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0)]]

@@ -130,17 +130,24 @@ class LLMEngine:
             raise InvalidRequestError(f"The chat template rejected the messages: {exc}") from exc
         return list(encoded["input_ids"])
 
+    def decode(self, token_ids: list[int]) -> str:
+        self._check_ids(token_ids, "tokens")
+        return self.tokenizer.decode(token_ids)
+
+    def _check_ids(self, token_ids: list[int], param: str) -> None:
+        vocab = self.model.cfg.vocab_size
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"Token ids must be integers in [0, {vocab}); got {bad[:5]}", param
+            )
+
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             token_ids = self.tokenizer(prompt).input_ids
         else:
             token_ids = list(prompt)
-            vocab = self.model.cfg.vocab_size
-            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError(
-                    f"Prompt token ids must be integers in [0, {vocab}); got {bad[:5]}", "prompt"
-                )
+            self._check_ids(token_ids, "prompt")
         if not token_ids:
             raise InvalidRequestError("The prompt is empty", "prompt")
         return token_ids
@@ -184,6 +191,8 @@ class LLMEngine:
         for seq, sample in zip(sampling, samples, strict=True):
             request = self.requests[seq.request_id]
             try:
+                if isinstance(sample, Exception):
+                    raise sample
                 request.append(sample)
             except Exception as exc:  # confined to this request
                 log.exception("request %s failed", seq.request_id)

@@ -2,7 +2,8 @@
 
 Greedy batches without penalties take one argmax over the batch. Everything else goes row by
 row: each seeded request draws from its own generator, so its samples do not depend on what
-else shares the batch.
+else shares the batch. A row that cannot be sampled comes back as its exception, so one
+request's extreme settings fail that request alone.
 """
 
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from kvpilot_server.engine.sequence import Sequence
+
+_MAX = torch.finfo(torch.float32).max
 
 
 @dataclass
@@ -28,16 +31,21 @@ class Sampler:
     def forget(self, seq: Sequence) -> None:
         self.seeded.pop(seq.seq_id, None)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Sample]:
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Sample | Exception]:
         logits = logits.float().cpu()
         if all(s.params.greedy and not self._needs_processing(s) for s in seqs):
             tokens = logits.argmax(dim=-1).tolist()
-        else:
-            tokens = [self._sample_row(row, seq) for row, seq in zip(logits, seqs, strict=True)]
-        return [
-            self._with_logprobs(row, token, seq)
-            for row, token, seq in zip(logits, tokens, seqs, strict=True)
-        ]
+            return [
+                self._with_logprobs(row, token, seq)
+                for row, token, seq in zip(logits, tokens, seqs, strict=True)
+            ]
+        samples: list[Sample | Exception] = []
+        for row, seq in zip(logits, seqs, strict=True):
+            try:
+                samples.append(self._with_logprobs(row, self._sample_row(row, seq), seq))
+            except Exception as exc:  # e.g. a distribution left with nothing to draw from
+                samples.append(exc)
+        return samples
 
     def _needs_processing(self, seq: Sequence) -> bool:
         return seq.params.penalized or seq.num_output_tokens < seq.params.min_tokens
@@ -52,9 +60,9 @@ class Sampler:
             logits[banned] = float("-inf")
         if p.greedy:
             return int(logits.argmax())
-        probs = filter_probs(
-            torch.softmax(logits / p.temperature, dim=-1), p.top_k, p.top_p, p.min_p
-        )
+        # Extreme penalties or temperatures overflow to inf, and softmax(inf) is NaN: cap them.
+        scaled = torch.nan_to_num(logits / p.temperature, nan=float("-inf"), posinf=_MAX)
+        probs = filter_probs(torch.softmax(scaled, dim=-1), p.top_k, p.top_p, p.min_p)
         return int(torch.multinomial(probs, 1, generator=self._generator(seq)))
 
     def _generator(self, seq: Sequence) -> torch.Generator:

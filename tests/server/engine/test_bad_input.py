@@ -38,6 +38,7 @@ def test_prompt_longer_than_context_is_rejected_and_others_finish(tiny_dir, corp
         ({"temperature": -1.0}, "temperature must be non-negative"),
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
         ({"max_tokens": 4, "min_tokens": 5}, "min_tokens must not exceed max_tokens"),
+        ({"seed": 2**64}, "seed must fit in 64 bits"),
     ],
 )
 def test_invalid_sampling_params(kwargs, message):

@@ -89,3 +89,14 @@ def test_logprobs_match_the_models_distribution(tiny_llm, tiny_dir, corpus_ids):
     assert [t for t, _ in sample.top_logprobs] == top.indices.tolist()
     assert sample.token_id == top.indices[0]
     torch.testing.assert_close(sample.logprob, float(top.values[0]), atol=1e-4, rtol=1e-4)
+
+
+def test_extreme_settings_sample_without_failing_their_neighbours(tiny_llm, corpus_ids):
+    # A repetition penalty near 0 turns logits into inf; a tiny temperature means greedy.
+    extreme = SamplingParams(max_tokens=6, repetition_penalty=1e-300, seed=1)
+    tiny_temperature = SamplingParams(max_tokens=6, temperature=1e-30)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    prompt = corpus_ids[:20]
+    outs = tiny_llm.generate([prompt] * 3, [extreme, tiny_temperature, greedy])
+    assert [o.outputs[0].finish_reason for o in outs] == ["length"] * 3
+    assert outs[1].outputs[0].token_ids == outs[2].outputs[0].token_ids
