@@ -1,0 +1,143 @@
+"""Server benchmark: the engine-core workload through HTTP (streaming) vs the offline API, in one
+run. Prints one JSON document.
+
+1. Throughput: the mixed workload of engine_throughput.py (same seed), all requests at once.
+   Offline: `LLM.generate`. HTTP: a `kvpilot serve` process on 127.0.0.1 with the same engine
+   settings, every request a streaming /v1/completions call (token-id prompt, greedy, EOS
+   ignored) from one asyncio client. Target: HTTP >= 0.9x offline.
+2. Added latency: the same short request (32 prompt tokens, 16 out) sent alone, one after the
+   other, offline and over HTTP; p50 of HTTP minus p50 offline. Target <= 2 ms.
+
+Server and client share the machine's cores, as a sidecar or gateway would.
+"""
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from engine_throughput import MODEL, workload  # noqa: E402 - the sibling benchmark
+
+from kvpilot_server import LLM, SamplingParams  # noqa: E402
+from tests.server.api.live_server import start_server, stop_server  # noqa: E402
+
+ENGINE_ARGS = {
+    "max_model_len": 1024,
+    "kv_cache_bytes": 4 << 30,
+    "max_num_seqs": 64,
+    "max_num_batched_tokens": 2048,
+}
+
+
+async def stream_one(client: httpx.AsyncClient, prompt: list[int], max_tokens: int) -> int:
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    tokens = 0
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                usage = json.loads(line[6:]).get("usage")
+                tokens = usage["completion_tokens"] if usage else tokens
+    return tokens
+
+
+async def http_throughput(base: str, requests) -> dict:
+    limits = httpx.Limits(max_connections=len(requests))
+    async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(stream_one(client, p, m) for p, m in requests))
+        elapsed = time.perf_counter() - start
+    assert sum(counts) == sum(m for _, m in requests)
+    return {"elapsed_s": round(elapsed, 2), "output_tokens_per_s": round(sum(counts) / elapsed, 2)}
+
+
+async def http_latencies(base: str, prompt: list[int], max_tokens: int, runs: int) -> list[float]:
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        await stream_one(client, prompt, max_tokens)  # warm up the connection and the path
+        samples = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            await stream_one(client, prompt, max_tokens)
+            samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def offline_latencies(llm: LLM, prompt: list[int], max_tokens: int, runs: int) -> list[float]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    llm.generate(prompt, params)
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        llm.generate(prompt, params)
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--latency-runs", type=int, default=30)
+    args = parser.parse_args()
+
+    llm = LLM(MODEL, **ENGINE_ARGS)
+    requests = workload(llm.tokenizer, args.requests, args.seed)
+    prompt, short = requests[0][0][:32], 16
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for _, m in requests]
+    start = time.perf_counter()
+    llm.generate([p for p, _ in requests], params)
+    offline_s = time.perf_counter() - start
+    produced = sum(m for _, m in requests)
+    offline = {
+        "elapsed_s": round(offline_s, 2),
+        "output_tokens_per_s": round(produced / offline_s, 2),
+    }
+    offline_ms = offline_latencies(llm, prompt, short, args.latency_runs)
+    del llm  # the server loads its own copy
+
+    flags = [f"--{k.replace('_', '-')}" for k in ENGINE_ARGS]
+    values = [str(v) for v in ENGINE_ARGS.values()]
+    proc, base = start_server(*[x for pair in zip(flags, values, strict=True) for x in pair])
+    try:
+        http = asyncio.run(http_throughput(base, requests))
+        http_ms = asyncio.run(http_latencies(base, prompt, short, args.latency_runs))
+    finally:
+        stop_server(proc)
+
+    p50_offline, p50_http = statistics.median(offline_ms), statistics.median(http_ms)
+    result = {
+        "model": MODEL,
+        "workload": {"requests": len(requests), "requested_output_tokens": produced},
+        "offline": offline,
+        "http_streaming": http,
+        "throughput_ratio": round(http["output_tokens_per_s"] / offline["output_tokens_per_s"], 3),
+        "throughput_ratio_target": 0.9,
+        "single_request": {
+            "prompt_tokens": len(prompt),
+            "output_tokens": short,
+            "runs": args.latency_runs,
+            "offline_p50_ms": round(p50_offline, 2),
+            "http_p50_ms": round(p50_http, 2),
+            "added_p50_ms": round(p50_http - p50_offline, 2),
+            "added_p50_ms_target": 2.0,
+        },
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
