@@ -20,6 +20,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -36,6 +38,16 @@ class EngineConfig:
             (
                 self.dtype in ("auto", "float32", "bfloat16", "float16"),
                 f"unknown dtype {self.dtype!r}",
+            ),
+            # Named now so deployments can ask for them; the kernels are not built yet.
+            (
+                self.quantization == "none",
+                f"quantization {self.quantization!r} is not supported by this version (none only)",
+            ),
+            (
+                self.kv_cache_dtype == "auto",
+                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported by this version "
+                "(auto only)",
             ),
         ]
         for ok, message in rules:

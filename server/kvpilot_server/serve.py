@@ -2,8 +2,11 @@
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import time
+from pathlib import Path
 
 from kvpilot_server.engine_args import engine_config
 
@@ -20,11 +23,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from kvpilot_server.errors import KvpilotError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    config = engine_config(args)
     try:
+        config = engine_config(args)
         engine = AsyncEngine.from_config(config).start()
     except KvpilotError as exc:
         logging.getLogger("kvpilot").error("cannot start: %s", exc)
+        _write_termination_message(f"ModelLoadFailed: {exc}")
         return 1
     name = args.served_model_name or config.model
     keys = load_api_keys(args.api_key_file)
@@ -39,6 +43,15 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
     return 0
+
+
+def _write_termination_message(message: str) -> None:
+    """Kubernetes shows this file's text as the container's termination message, which is how
+    the operator reports why a model failed to load. Outside a pod the file does not exist."""
+    path = Path(os.environ.get("KVPILOT_TERMINATION_LOG", "/dev/termination-log"))
+    if path.exists():
+        with contextlib.suppress(OSError):
+            path.write_text(message[:4000])  # Kubernetes keeps at most 4096 bytes
 
 
 def _draining_server():

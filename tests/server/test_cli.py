@@ -1,6 +1,7 @@
 """`kvpilot generate` as a user runs it: a subprocess, JSONL in, JSONL out."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -57,3 +58,20 @@ def test_generate_reports_bad_input_clearly(tiny_dir):
     assert result.returncode == 2 and "line 2: not JSON" in result.stderr
     result = _kvpilot("generate", "hello", "--model", "/no/such/model")
     assert result.returncode == 1 and "does not exist" in result.stderr
+
+
+def test_serve_that_cannot_start_says_why_in_the_termination_message(tiny_dir, tmp_path):
+    # Kubernetes reads /dev/termination-log; the operator turns it into ModelLoadFailed.
+    log = tmp_path / "termination-log"
+    log.touch()
+    args = ["serve", "--model", str(tiny_dir("llama")), "--quantization", "int8"]
+    result = subprocess.run(
+        [sys.executable, "-m", "kvpilot_server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "KVPILOT_TERMINATION_LOG": str(log)},
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert log.read_text().startswith("ModelLoadFailed: quantization 'int8' is not supported")

@@ -1,0 +1,39 @@
+"""The ModelDeployment CRD as the operator reads it (crds/ is the source; the package carries a
+link to it): names, the schema, and the schema's defaults applied as the API server would, so
+render() always sees a complete spec even from a cluster whose CRD is older than the operator."""
+
+import copy
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+import yaml
+
+GROUP, VERSION, PLURAL, KIND = "kvpilot.dev", "v1alpha1", "modeldeployments", "ModelDeployment"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+@cache
+def crd() -> dict[str, Any]:
+    text = (files("kvpilot_operator") / "modeldeployments.kvpilot.dev.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def schema() -> dict[str, Any]:
+    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def with_defaults(value: Any, node: dict[str, Any] | None = None) -> Any:
+    """A copy of `value` with the structural schema's defaults filled in, recursively (a default
+    that is itself an object gets its own fields' defaults, as in the API server)."""
+    node = schema() if node is None else node
+    value = copy.deepcopy(value)
+    if isinstance(value, dict) and "properties" in node:
+        for name, child in node["properties"].items():
+            if name not in value and "default" in child:
+                value[name] = copy.deepcopy(child["default"])
+            if name in value:
+                value[name] = with_defaults(value[name], child)
+    elif isinstance(value, list) and "items" in node:
+        value = [with_defaults(item, node["items"]) for item in value]
+    return value

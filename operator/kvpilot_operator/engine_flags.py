@@ -1,0 +1,50 @@
+"""The pod's file layout and the `kvpilot serve` flags a ModelDeployment's spec turns into."""
+
+from kvpilot_operator.fit import cpu_kv_cache_bytes
+
+PORT = 8000
+CACHE_DIR = "/var/cache/kvpilot"  # model cache volume: downloads and converted models
+PVC_DIR = "/models"  # where a pvc:// claim is mounted
+KEYS_DIR = "/etc/kvpilot/keys"
+_DTYPES = {"Auto": "auto", "Float32": "float32", "BFloat16": "bfloat16", "Float16": "float16"}
+
+
+def model_path(source: str) -> str:
+    """Where the server finds the weights inside the pod."""
+    if source.startswith("hf://"):
+        return f"{CACHE_DIR}/models/{source.removeprefix('hf://')}"
+    if source.startswith("pvc://"):
+        return f"{PVC_DIR}/{source.removeprefix('pvc://').split('/', 1)[1]}"
+    return source  # builtin:// ships in the image
+
+
+def engine_args(spec: dict, name: str) -> list[str]:
+    engine, resources = spec["engine"], spec["resources"]
+    args = {
+        "--host": "0.0.0.0",
+        "--port": str(PORT),
+        "--model": model_path(spec["model"]["source"]),
+        "--served-model-name": spec["model"].get("servedModelName") or name,
+        "--dtype": _DTYPES[engine["dtype"]],
+        "--block-size": str(engine["blockSize"]),
+        "--max-num-seqs": str(engine["maxNumSeqs"]),
+        "--max-num-batched-tokens": str(engine["maxNumBatchedTokens"]),
+        "--max-waiting": str(engine["maxWaitingRequests"]),
+        "--drain-timeout": str(spec["probes"]["drainTimeoutSeconds"]),
+    }
+    if engine.get("maxModelLen"):
+        args["--max-model-len"] = str(engine["maxModelLen"])
+    if resources["gpus"]:
+        args["--device"] = "cuda"
+        args["--kv-cache-memory-fraction"] = str(engine["kvCacheMemoryPercent"] / 100)
+    else:
+        args["--device"] = "cpu"
+        args["--kv-cache-bytes"] = str(cpu_kv_cache_bytes(spec))
+    if engine["quantization"] != "None":
+        args["--quantization"] = engine["quantization"].lower()
+    if engine["kvCacheDtype"] != "Auto":
+        args["--kv-cache-dtype"] = engine["kvCacheDtype"].lower()
+    if spec.get("auth", {}).get("apiKeySecretRef"):
+        args["--api-key-file"] = f"{KEYS_DIR}/{spec['auth']['apiKeySecretRef']['key']}"
+    flat = [x for pair in args.items() for x in pair]
+    return flat if engine["enablePrefixCaching"] else [*flat, "--no-enable-prefix-caching"]

@@ -1,0 +1,92 @@
+"""Will the model fit? The memory model applied to a spec before any pod is created: weights plus
+a KV cache for at least one sequence of maxModelLen must fit in one replica's device memory."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from kvpilot_server.memory_model import GPU_MEMORY_MIB, KNOWN_MODELS, MiB, ModelShape, plan
+
+CPU_HEADROOM_BYTES = 1 << 30
+_DTYPES = {"Auto": None, "Float32": "float32", "BFloat16": "bfloat16", "Float16": "float16"}
+
+
+@dataclass(frozen=True)
+class Fit:
+    fits: bool | None  # None: not checked (model or GPU memory unknown)
+    message: str
+    capacity: dict[str, Any] | None = None
+
+
+def _dtype(spec: dict) -> str:
+    gpu = spec["resources"]["gpus"] > 0
+    return _DTYPES[spec["engine"]["dtype"]] or ("bfloat16" if gpu else "float32")
+
+
+def _max_len(spec: dict, shape: ModelShape) -> int:
+    return spec["engine"].get("maxModelLen") or shape.max_position
+
+
+def device_memory_bytes(spec: dict) -> int | None:
+    """One replica's memory for weights and cache: one GPU (the engine uses one), or the pod's
+    memory limit on CPU."""
+    resources = spec["resources"]
+    if not resources["gpus"]:
+        return int(parse_quantity(resources["memory"]))
+    mib = resources.get("gpuMemoryMiB") or GPU_MEMORY_MIB.get(resources.get("gpuType", ""))
+    return mib * MiB if mib else None
+
+
+def _plan(spec: dict, shape: ModelShape, memory: int):
+    gpu = spec["resources"]["gpus"] > 0
+    engine = spec["engine"]
+    return plan(
+        shape,
+        memory,
+        _max_len(spec, shape),
+        dtype=_dtype(spec),
+        quantization=engine["quantization"].lower(),
+        kv_cache_dtype=engine["kvCacheDtype"].lower(),
+        kv_fraction=engine["kvCacheMemoryPercent"] / 100,
+        **({} if gpu else {"headroom_bytes": CPU_HEADROOM_BYTES}),
+    )
+
+
+def check(spec: dict) -> Fit:
+    source = spec["model"]["source"]
+    shape, memory = KNOWN_MODELS.get(source), device_memory_bytes(spec)
+    if shape is None:
+        return Fit(None, f"fit not checked: the size of {source} is not known before download")
+    if memory is None:
+        return Fit(None, "fit not checked: set resources.gpuType or resources.gpuMemoryMiB")
+    p = _plan(spec, shape, memory)
+    capacity = {
+        "weightsMiB": p.weight_bytes // MiB,
+        "kvCacheMiB": max(0, p.kv_cache_bytes) // MiB,
+        "kvCacheTokens": p.kv_tokens,
+        "maxModelLen": p.max_model_len,
+        "sequencesAtMaxModelLen": p.sequences_at_max_len,
+    }
+    if p.fits:
+        return Fit(
+            True, f"{p.sequences_at_max_len} sequences of {p.max_model_len} tokens fit", capacity
+        )
+    need = (p.weight_bytes + p.kv_bytes_per_token * p.max_model_len) // MiB
+    return Fit(
+        False,
+        f"{source} needs {p.weight_bytes // MiB} MiB of weights plus "
+        f"{p.kv_bytes_per_token * p.max_model_len // MiB} MiB of KV cache for one "
+        f"{p.max_model_len}-token sequence (~{need} MiB before runtime headroom), but one replica "
+        f"has {memory // MiB} MiB: use a larger GPU, quantization, or a smaller maxModelLen",
+        capacity,
+    )
+
+
+def cpu_kv_cache_bytes(spec: dict) -> int:
+    """The --kv-cache-bytes a CPU pod gets: its share of the memory left after the weights."""
+    memory = device_memory_bytes(spec) or 0
+    shape = KNOWN_MODELS.get(spec["model"]["source"])
+    if shape is None:
+        return max(64 * MiB, memory // 4)
+    return max(64 * MiB, _plan(spec, shape, memory).kv_cache_bytes)

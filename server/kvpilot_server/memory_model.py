@@ -1,0 +1,123 @@
+"""How much memory a model needs and how many sequences its KV cache holds. Pure arithmetic:
+imports nothing heavy, so the operator can decide before creating pods whether a model fits.
+
+weights   = params in the linear layers x bytes per weight (quantization) + embeddings and
+            lm_head at the model dtype (they stay unquantized)
+kv/token  = 2 (K and V) x layers x kv_heads x head_dim x bytes per KV element
+kv budget = (device memory - weights - runtime headroom) x kv fraction
+"""
+
+from dataclasses import dataclass
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+WEIGHT_BYTES = {"none": None, "int8": 1.0, "int4": 0.5, "fp8": 1.0}  # None: the model dtype
+KV_BYTES = {"auto": None, "int8": 1, "fp8": 1}
+# Activations, CUDA context, allocator slack: kept free besides weights and KV cache.
+RUNTIME_HEADROOM_BYTES = 2 * GiB
+
+# Usable memory of one GPU, MiB (what nvidia-smi reports as total).
+GPU_MEMORY_MIB = {
+    "T4": 15360,
+    "A10G": 23028,
+    "L4": 23034,
+    "L40S": 46068,
+    "A100-40GB": 40960,
+    "A100-80GB": 81920,
+    "H100-80GB": 81559,
+    "H200": 143771,
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    params: int  # all parameters, embeddings included
+    hidden: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+    max_position: int  # the model's own context limit
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+
+# Known models by source, so the fit check works before anything is downloaded.
+KNOWN_MODELS = {
+    "builtin://smollm2-135m-instruct": ModelShape(
+        134_515_008, 576, 30, 3, 64, 49152, True, 8192
+    ),
+    "hf://Qwen/Qwen2.5-0.5B-Instruct": ModelShape(
+        494_032_768, 896, 24, 2, 64, 151936, True, 32768
+    ),
+    "hf://Qwen/Qwen2.5-7B-Instruct": ModelShape(
+        7_615_616_512, 3584, 28, 4, 128, 152064, False, 32768
+    ),
+    "hf://Qwen/Qwen3-8B": ModelShape(8_190_735_360, 4096, 36, 8, 128, 151936, False, 40960),
+    "hf://meta-llama/Llama-3.1-8B-Instruct": ModelShape(
+        8_030_261_248, 4096, 32, 8, 128, 128256, False, 131072
+    ),
+    "hf://meta-llama/Llama-3.1-70B-Instruct": ModelShape(
+        70_553_706_496, 8192, 80, 8, 128, 128256, False, 131072
+    ),
+    "hf://mistralai/Mistral-7B-Instruct-v0.3": ModelShape(
+        7_248_023_552, 4096, 32, 8, 128, 32768, False, 32768
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_cache_bytes: int  # what the KV cache gets (0 or less: nothing left after the weights)
+    max_model_len: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return max(0, self.kv_cache_bytes) // self.kv_bytes_per_token
+
+    @property
+    def sequences_at_max_len(self) -> int:
+        return self.kv_tokens // self.max_model_len
+
+    @property
+    def fits(self) -> bool:
+        return self.sequences_at_max_len >= 1
+
+
+def weight_bytes(shape: ModelShape, dtype: str, quantization: str = "none") -> int:
+    full = DTYPE_BYTES[dtype]
+    per_weight = WEIGHT_BYTES[quantization] or full
+    linear = shape.params - shape.embedding_params
+    return int(linear * per_weight + shape.embedding_params * full)
+
+
+def kv_bytes_per_token(shape: ModelShape, dtype: str, kv_cache_dtype: str = "auto") -> int:
+    element = KV_BYTES[kv_cache_dtype] or DTYPE_BYTES[dtype]
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * element
+
+
+def plan(
+    shape: ModelShape,
+    memory_bytes: int,
+    max_model_len: int,
+    dtype: str = "bfloat16",
+    quantization: str = "none",
+    kv_cache_dtype: str = "auto",
+    kv_fraction: float = 0.9,
+    headroom_bytes: int = RUNTIME_HEADROOM_BYTES,
+) -> Plan:
+    weights = weight_bytes(shape, dtype, quantization)
+    free = memory_bytes - weights - headroom_bytes
+    return Plan(
+        weight_bytes=weights,
+        kv_bytes_per_token=kv_bytes_per_token(shape, dtype, kv_cache_dtype),
+        kv_cache_bytes=int(free * kv_fraction) if free > 0 else free,
+        max_model_len=max_model_len,
+    )

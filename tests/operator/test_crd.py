@@ -1,0 +1,89 @@
+"""The ModelDeployment CRD: samples are valid, invalid manifests are rejected with the intended
+messages, and the schema keeps the conventions the issue asks for."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvpilot_operator import crd
+from tests.operator.crd_rules import errors, schema_errors
+
+SAMPLES = sorted((Path(__file__).parents[2] / "crds" / "samples").glob("*.yaml"))
+BASE = yaml.safe_load(SAMPLES[0].read_text()) if SAMPLES else {}
+
+
+def _walk(node: dict, path: str = ""):
+    yield path, node
+    for name, child in node.get("properties", {}).items():
+        yield from _walk(child, f"{path}.{name}")
+    if "items" in node:
+        yield from _walk(node["items"], f"{path}[]")
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_samples_are_valid_with_and_without_defaults(sample):
+    obj = yaml.safe_load(sample.read_text())
+    assert errors(obj) == []
+    assert schema_errors(crd.with_defaults(obj)) == []  # defaults must satisfy the schema too
+
+
+def _with(change: dict, name: str | None = None) -> dict:
+    obj = copy.deepcopy(BASE)
+    if name:
+        obj["metadata"]["name"] = name
+    for dotted, value in change.items():
+        *parents, leaf = dotted.split(".")
+        node = obj["spec"]
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        (
+            _with(
+                {"autoscaling.enabled": True, "autoscaling.targetQueueDepth": 4}
+                | {"autoscaling.minReplicas": 5, "autoscaling.maxReplicas": 2}
+            ),
+            "minReplicas must not exceed autoscaling.maxReplicas",
+        ),
+        (_with({"autoscaling.enabled": True}), "needs targetQueueDepth or targetLatencyP95"),
+        (_with({"model.source": "s3://bucket/model"}), "source must be hf://org/name"),
+        (_with({"model.source": "hf://just-a-name"}), "source must be hf://org/name"),
+        (_with({}, name="a" * 41), "metadata.name must be at most 40 characters"),
+        (_with({"engine.quantization": "int8"}), "'int8' is not one of"),
+        (_with({"replicas": -1}), "-1 is less than the minimum of 0"),
+        (_with({"resources.gpus": "1"}), "'1' is not of type 'integer'"),
+        (_with({"resources.memory": "lots"}), "does not match"),
+    ],
+    ids=[
+        "min>max",
+        "no-target",
+        "scheme",
+        "hf-no-org",
+        "long-name",
+        "enum",
+        "bound",
+        "type",
+        "qty",
+    ],
+)
+def test_invalid_manifests_are_rejected_with_the_intended_message(obj, message):
+    found = errors(obj)
+    assert any(message in e for e in found), found
+
+
+def test_schema_conventions():
+    version = crd.crd()["spec"]["versions"][0]
+    assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.selector"
+    assert "status" in version["subresources"]
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Model", "Ready", "Desired", "Queue", "P95", "Age"]
+    for path, node in _walk(crd.schema()["properties"]["spec"], "spec"):
+        assert node.get("description"), f"{path} has no description"
+        assert node.get("type") != "number", f"{path}: no floats in spec, integers with units"
