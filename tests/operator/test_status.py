@@ -1,0 +1,181 @@
+"""status(): conditions that name the real cause, from pod objects as the kubelet and scheduler
+write them; transition times that move only on flips."""
+
+import pytest
+
+from kvpilot_operator import crd
+from kvpilot_operator.fit import Fit, check
+from kvpilot_operator.status import changed, status
+
+NOW, LATER = "2026-11-30T10:00:00Z", "2026-11-30T10:05:00Z"
+FITS = Fit(True, "fits", {"sequencesAtMaxModelLen": 4})
+
+
+def _body(replicas: int = 2, **spec) -> dict:
+    spec = {"model": {"source": "builtin://smollm2-135m-instruct"}, "replicas": replicas, **spec}
+    body = {"metadata": {"name": "m", "namespace": "ns", "generation": 3}, "spec": spec}
+    return crd.with_defaults(body)
+
+
+def _deployment(ready: int, updated: int, replicas: int = 2) -> dict:
+    return {
+        "metadata": {"generation": 5},
+        "status": {
+            "observedGeneration": 5,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": updated,
+        },
+    }
+
+
+def _pod(name: str = "m-abc", **status) -> dict:
+    return {"metadata": {"name": name}, "status": status}
+
+
+def _conditions(result: dict) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in result["conditions"]}
+
+
+def _message(result: dict, kind: str) -> str:
+    return next(c["message"] for c in result["conditions"] if c["type"] == kind)
+
+
+def test_all_ready():
+    result = status(_body(), _deployment(2, 2), [], FITS, NOW)
+    assert _conditions(result) == {
+        "Ready": ("True", "AllReplicasReady"),
+        "Progressing": ("False", "Complete"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert result["readyText"] == "2/2" and result["observedGeneration"] == 3
+    assert result["selector"] == "app.kubernetes.io/instance=m,app.kubernetes.io/name=kvpilot"
+    assert result["endpoint"] == "http://m.ns.svc:8000/v1"
+    assert result["capacity"] == {"sequencesAtMaxModelLen": 4}
+
+
+UNSCHEDULABLE = _pod(
+    conditions=[
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+        }
+    ]
+)
+LOADING = _pod(containerStatuses=[{"name": "server", "ready": False, "state": {"running": {}}}])
+OOM = _pod(
+    containerStatuses=[
+        {
+            "name": "server",
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}},
+            "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+        }
+    ]
+)
+LOAD_FAILED = _pod(
+    containerStatuses=[
+        {
+            "name": "server",
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {
+                "terminated": {
+                    "reason": "Error",
+                    "exitCode": 1,
+                    "message": "ModelLoadFailed: model path /models/x does not exist",
+                }
+            },
+        }
+    ]
+)
+PULL = _pod(
+    containerStatuses=[
+        {
+            "name": "server",
+            "state": {
+                "waiting": {
+                    "reason": "ImagePullBackOff",
+                    "message": 'Back-off pulling image "ghcr.io/kvpilot/kvpilot:nope"',
+                }
+            },
+        }
+    ]
+)
+DOWNLOADING = _pod(initContainerStatuses=[{"name": "download", "state": {"running": {}}}])
+DOWNLOAD_TIMEOUT = _pod(
+    initContainerStatuses=[{"name": "download", "state": {"terminated": {"exitCode": 124}}}]
+)
+
+
+@pytest.mark.parametrize(
+    ("pod", "reason", "text"),
+    [
+        (UNSCHEDULABLE, "Unschedulable", "3 Insufficient nvidia.com/gpu"),
+        (OOM, "OOMKilled", "ran out of memory"),
+        (LOAD_FAILED, "ModelLoadFailed", "model path /models/x does not exist"),
+        (PULL, "ImagePullBackOff", "kvpilot:nope"),
+        (DOWNLOAD_TIMEOUT, "ModelDownloadFailed", "timed out"),
+    ],
+)
+def test_faults_degrade_with_the_real_message(pod, reason, text):
+    result = status(_body(), _deployment(1, 2), [_pod("m-ok"), pod], FITS, NOW)
+    assert _conditions(result) == {
+        "Ready": ("False", reason),
+        "Progressing": ("False", reason),
+        "Degraded": ("True", reason),
+    }
+    assert text in _message(result, "Degraded") and "1/2 replicas ready" in _message(
+        result, "Ready"
+    )
+
+
+@pytest.mark.parametrize(
+    ("pod", "reason"), [(LOADING, "LoadingModel"), (DOWNLOADING, "DownloadingModel")]
+)
+def test_work_in_progress_is_progressing_not_degraded(pod, reason):
+    result = status(_body(), _deployment(1, 2), [pod], FITS, NOW)
+    assert _conditions(result) == {
+        "Ready": ("False", reason),
+        "Progressing": ("True", reason),
+        "Degraded": ("False", "AsExpected"),
+    }
+
+
+def test_a_model_too_big_for_the_gpu_is_degraded_with_the_numbers():
+    body = _body(
+        1,
+        model={"source": "hf://meta-llama/Llama-3.1-70B-Instruct"},
+        resources={"gpus": 1, "gpuType": "L4"},
+        engine={"maxModelLen": 8192},
+    )
+    fit = check(body["spec"])
+    assert fit.fits is False
+    result = status(body, None, [], fit, NOW)
+    assert _conditions(result)["Degraded"] == ("True", "InsufficientGPUMemory")
+    message = _message(result, "Degraded")
+    assert "MiB of weights" in message and "23034 MiB" in message
+
+
+def test_transition_time_moves_only_when_the_status_flips():
+    first = status(_body(), _deployment(1, 2), [LOADING], FITS, NOW)
+    body = _body() | {"status": first}
+    second = status(body, _deployment(1, 2), [LOADING], FITS, LATER)
+    assert (
+        second["conditions"] == first["conditions"]
+        and changed(first["conditions"], second["conditions"]) == []
+    )
+    third = status(body | {"status": second}, _deployment(2, 2), [], FITS, LATER)
+    flipped = {c["type"]: c for c in changed(second["conditions"], third["conditions"])}
+    assert flipped["Ready"]["lastTransitionTime"] == LATER and flipped["Ready"]["status"] == "True"
+    degraded = next(c for c in third["conditions"] if c["type"] == "Degraded")
+    assert degraded["lastTransitionTime"] == NOW  # still False: unchanged since the first time
+
+
+def test_scaled_to_zero_and_rollout_in_progress():
+    assert _conditions(status(_body(0), _deployment(0, 0, 0), [], FITS, NOW))["Ready"] == (
+        "False",
+        "ScaledToZero",
+    )
+    rolling = status(_body(), _deployment(2, 1), [], FITS, NOW)
+    assert _conditions(rolling)["Progressing"] == ("True", "RollingOut")
