@@ -4,7 +4,7 @@ a KV cache for at least one sequence of maxModelLen must fit in one replica's de
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
+from lightkube.utils.quantity import parse_quantity
 
 from kvpilot_server.memory_model import GPU_MEMORY_MIB, KNOWN_MODELS, MiB, ModelShape, plan
 

@@ -66,11 +66,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_engine_args(serve)
 
+    operator = commands.add_parser(
+        "operator",
+        help="run the Kubernetes operator for ModelDeployments",
+        description="Reconcile ModelDeployments (kvpilot.dev/v1alpha1) into Deployments, "
+        "Services and PodDisruptionBudgets, and report their status. Uses the in-cluster "
+        "service account or $KUBECONFIG.",
+    )
+    from kvpilot_operator.main import add_operator_args
+
+    add_operator_args(operator)
+
     args = parser.parse_args(argv)
     if args.command == "serve":
         from kvpilot_server.serve import run_serve
 
         return run_serve(args)
+    if args.command == "operator":
+        from kvpilot_operator.main import run_operator
+
+        return run_operator(args)
     if args.command == "generate":
         from kvpilot_server.generate import run_generate
 

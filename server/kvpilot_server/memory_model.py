@@ -49,12 +49,8 @@ class ModelShape:
 
 # Known models by source, so the fit check works before anything is downloaded.
 KNOWN_MODELS = {
-    "builtin://smollm2-135m-instruct": ModelShape(
-        134_515_008, 576, 30, 3, 64, 49152, True, 8192
-    ),
-    "hf://Qwen/Qwen2.5-0.5B-Instruct": ModelShape(
-        494_032_768, 896, 24, 2, 64, 151936, True, 32768
-    ),
+    "builtin://smollm2-135m-instruct": ModelShape(134_515_008, 576, 30, 3, 64, 49152, True, 8192),
+    "hf://Qwen/Qwen2.5-0.5B-Instruct": ModelShape(494_032_768, 896, 24, 2, 64, 151936, True, 32768),
     "hf://Qwen/Qwen2.5-7B-Instruct": ModelShape(
         7_615_616_512, 3584, 28, 4, 128, 152064, False, 32768
     ),

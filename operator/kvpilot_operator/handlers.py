@@ -1,0 +1,98 @@
+"""kopf handlers: thin. Spec in, render() and status() in the middle, writes at the edges.
+
+No finalizer is added (there is no on.delete handler): children carry owner references and go
+with the garbage collector, so deleting a ModelDeployment never hangs when the operator is down.
+"""
+
+import copy
+import datetime
+import os
+from importlib.metadata import version
+from typing import Any
+
+import kopf
+
+from kvpilot_operator import crd
+from kvpilot_operator.cluster import Cluster
+from kvpilot_operator.fit import Fit, check
+from kvpilot_operator.naming import selector_labels
+from kvpilot_operator.render import render
+from kvpilot_operator.status import changed, status
+
+RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
+STATUS_INTERVAL_SECONDS = float(os.environ.get("KVPILOT_STATUS_INTERVAL_SECONDS", "10"))
+RETRY_SECONDS = 5  # after an API error; kopf's default of 60 s leaves status stale too long
+_cluster: Cluster | None = None
+
+
+def image() -> str:
+    return os.environ.get("KVPILOT_IMAGE") or f"ghcr.io/kvpilot/kvpilot:{version('kvpilot')}"
+
+
+def cluster() -> Cluster:
+    global _cluster
+    _cluster = _cluster or Cluster()
+    return _cluster
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Keep kopf's bookkeeping in annotations: status belongs to our users.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kvpilot.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kvpilot.dev", key="last-handled-configuration"
+    )
+
+
+@kopf.on.resume(*RESOURCE, backoff=RETRY_SECONDS)
+@kopf.on.create(*RESOURCE, backoff=RETRY_SECONDS)
+@kopf.on.update(*RESOURCE, field="spec", backoff=RETRY_SECONDS)
+def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    md = crd.with_defaults(copy.deepcopy(dict(body)))
+    fit = check(md["spec"])
+    # A spec that cannot fit creates no pods that would only OOM; what runs keeps running.
+    if fit.fits is not False:
+        objects = render(md, image())
+        kopf.adopt(objects, owner=body)
+        for obj in objects:
+            cluster().apply(obj)
+        if not any(o["kind"] == "PodDisruptionBudget" for o in objects):
+            meta = md["metadata"]
+            cluster().delete("PodDisruptionBudget", meta["name"], meta["namespace"])
+    report(body, md, fit, patch)
+
+
+@kopf.timer(
+    *RESOURCE,
+    interval=STATUS_INTERVAL_SECONDS,
+    initial_delay=STATUS_INTERVAL_SECONDS,
+    backoff=RETRY_SECONDS,
+)
+def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    md = crd.with_defaults(copy.deepcopy(dict(body)))
+    report(body, md, check(md["spec"]), patch)
+
+
+def report(body: kopf.Body, md: dict, fit: Fit, patch: kopf.Patch) -> None:
+    """Status from the children and pods as they are now; an Event per condition change."""
+    name, namespace = md["metadata"]["name"], md["metadata"]["namespace"]
+    deployment = cluster().get("Deployment", name, namespace)
+    pods = cluster().pods(namespace, selector_labels(name))
+    new = status(md, deployment, pods, fit, _now())
+    old_conditions = md.get("status", {}).get("conditions", [])
+    for condition in changed(old_conditions, new["conditions"]):
+        bad = (condition["type"] == "Degraded") == (condition["status"] == "True")
+        kopf.event(
+            body,
+            type="Warning" if bad else "Normal",
+            reason=condition["reason"],
+            message=f"{condition['type']}={condition['status']}: {condition['message']}",
+        )
+    current = md.get("status", {})
+    for key, value in new.items():
+        if current.get(key) != value:
+            patch.status[key] = value
