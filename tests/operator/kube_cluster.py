@@ -59,6 +59,7 @@ class StandInCluster:
             raise RuntimeError("the API stand-in did not start")
         self.http = httpx.Client(base_url=self.url, timeout=10)
         self.operator: subprocess.Popen | None = None
+        self.liveness = ""  # the operator's liveness URL, when it serves one
 
     async def _serve(self, started: threading.Event) -> None:
         self._stop = asyncio.Event()
@@ -83,12 +84,22 @@ class StandInCluster:
 
     # -- the operator -------------------------------------------------------------------------
 
-    def start_operator(self, log: Path) -> None:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        env |= {"KVPILOT_STATUS_INTERVAL_SECONDS": "0.5", "KVPILOT_IMAGE": "kvpilot:test"}
-        cmd = [sys.executable, "-m", "kvpilot_server.cli", "operator", "--liveness", ""]
+    def start_operator(self, log: Path, status_interval: float = 0.5, liveness: str = "") -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KVPILOT_IMAGE": "kvpilot:test"}
+        env["KVPILOT_STATUS_INTERVAL_SECONDS"] = str(status_interval)
+        cmd = [sys.executable, "-m", "kvpilot_server.cli", "operator", "--liveness", liveness]
         self._log = log.open("ab")
         self.operator = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_for_operator(self) -> None:
+        """Until the operator watches ModelDeployments (the stand-in logs every request)."""
+        resource = "kvpilot.dev/v1alpha1/modeldeployments"
+
+        def watching() -> bool:
+            requests = list(self.emulator)
+            return any(r.action == kmock.action.WATCH and r.resource == resource for r in requests)
+
+        wait_for("the operator to watch ModelDeployments", watching)
 
     def stop_operator(self) -> None:
         if self.operator is None:

@@ -2,9 +2,10 @@
 127.0.0.1, with the test playing the Deployment controller, the kubelet and the garbage
 collector."""
 
+import socket
 from pathlib import Path
 
-import kmock
+import httpx
 import pytest
 import yaml
 
@@ -31,20 +32,17 @@ UNSCHEDULABLE = {
 def cluster(tmp_path):
     stand_in = StandInCluster(tmp_path)
     log = tmp_path / "operator.log"
-    stand_in.start_operator(log)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stand_in.liveness = f"http://127.0.0.1:{port}/healthz"
+    stand_in.start_operator(log, liveness=stand_in.liveness)
     try:
-        wait_for("the operator to watch ModelDeployments", lambda: _watching(stand_in))
+        stand_in.wait_for_operator()
         yield stand_in
     finally:
         stand_in.close()
         print(log.read_text()[-3000:])  # shown by pytest when the test fails
-
-
-def _watching(stand_in: StandInCluster) -> bool:
-    resource = "kvpilot.dev/v1alpha1/modeldeployments"
-    return any(
-        r.action == kmock.action.WATCH and r.resource == resource for r in list(stand_in.emulator)
-    )
 
 
 def _sample(name: str) -> dict:
@@ -115,6 +113,10 @@ def test_lifecycle_apply_ready_change_scale_unschedulable_delete(cluster):
     wait_for("the ModelDeployment to go", lambda: cluster.get(MD, name) is None)
     assert cluster.collect_garbage() >= 3  # no finalizer held the deletion up
     assert cluster.get(DEPLOYMENTS, name) is None and cluster.get(SERVICES, name) is None
+
+
+def test_liveness_endpoint_answers(cluster):
+    assert httpx.get(cluster.liveness, timeout=5).status_code == 200
 
 
 def test_a_model_that_cannot_fit_creates_no_pods_and_says_why(cluster):
