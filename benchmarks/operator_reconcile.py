@@ -67,7 +67,7 @@ def main() -> None:
             ]
             return len(observed) == args.bulk
 
-        wait_for("every bulk ModelDeployment", all_reconciled, timeout=600)
+        wait_for("every bulk ModelDeployment", all_reconciled, timeout=600, interval=0.5)
         bulk_s = time.perf_counter() - start
     finally:
         cluster.close()

@@ -37,13 +37,15 @@ READY_POD = {
 }
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+def wait_for(
+    what: str, check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = check()
         if result:
             return result
-        time.sleep(0.1)
+        time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
@@ -92,14 +94,12 @@ class StandInCluster:
         self.operator = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_for_operator(self) -> None:
-        """Until the operator watches ModelDeployments (the stand-in logs every request)."""
+        """Until the operator watches ModelDeployments."""
         resource = "kvpilot.dev/v1alpha1/modeldeployments"
-
-        def watching() -> bool:
-            requests = list(self.emulator)
-            return any(r.action == kmock.action.WATCH and r.resource == resource for r in requests)
-
-        wait_for("the operator to watch ModelDeployments", watching)
+        wait_for(
+            "the operator to watch ModelDeployments",
+            lambda: any(r == resource for r in self.emulator.watched),
+        )
 
     def stop_operator(self) -> None:
         if self.operator is None:

@@ -113,8 +113,15 @@ def _now() -> str:
 class Emulator(KubernetesEmulator):
     _counter: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
     _write_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
+    watched: list[Any] = attrs.field(factory=list, init=False)  # resources someone has watched
 
     async def __call__(self, raw_request: Any) -> Any:
+        # kmock matches each request against its reactions by walking the whole request log, so
+        # a long log makes every request slower (O(n)); keep only the recent part of it.
+        if len(self._requests) > 32:
+            del self._requests[:-4]
+            for payload in self._payloads:  # each reaction keeps its own log too
+                del payload._requests[:-4]
         response = await super().__call__(raw_request)
         # The API server says a bare "application/json"; lightkube reads errors only then.
         if not response.prepared and response.content_type == "application/json":
@@ -215,6 +222,7 @@ class Emulator(KubernetesEmulator):
     async def _serve_watch(self, request: Any) -> Any:
         # kmock subscribes only after replaying current objects (writes in between are lost) and
         # ignores labelSelector and resourceVersion.
+        self.watched.append(request.resource)  # compares equal to "group/version/plural"
         yield b""  # flush the headers
         match, bus = _selector(request.params.get("labelSelector")), self._buses[request.resource]
         since = request.params.get("resourceVersion", "")
