@@ -1,0 +1,103 @@
+"""decide(): how many replicas, and why, in words. Pure: state in, decision out.
+
+desired = ceil(current x max(queue / target queue, p95 / target p95)) outside the tolerance band.
+Like the HPA, recommendations are remembered: a scale-up takes the lowest recommendation of its
+stabilization window, a scale-down the highest of its own (so one quiet minute does not undo a
+burst), and a scale-down needs that window fully observed. Steps are limited; pods still loading
+and missing metrics hold scale-down; the result is clamped to min/max, and clamping is reported.
+"""
+
+import math
+from dataclasses import dataclass
+
+Recommendation = tuple[float, int]  # (time, replicas)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    current: int  # replicas asked for now
+    starting: int  # pods that exist but are not ready yet (loading the model)
+    pods_scraped: int  # pods whose metrics came back
+    scrape_failures: int
+    queue_per_replica: float | None
+    p95_ms: float | None
+    finished: float  # requests finished in the window
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int
+    recommendation: int  # before stabilization, steps and clamps
+    reason: str
+    limited: bool  # clamped to minReplicas/maxReplicas
+    history: list[Recommendation]  # to keep (on the object) for the next decision
+
+
+def _metric_name(scaling: dict) -> str:
+    return "p95 TTFT" if scaling["latencyMetric"] == "TimeToFirstToken" else "p95 latency"
+
+
+def _raw(inputs: Inputs, scaling: dict) -> tuple[int, str]:
+    """The unstabilized recommendation and what drives it."""
+    current, window = max(inputs.current, 1), scaling["windowSeconds"]
+    queue_target, p95_target = (
+        scaling.get("targetQueueDepth"),
+        scaling.get("targetLatencyP95Milliseconds"),
+    )
+    idle = inputs.finished == 0 and not inputs.queue_per_replica
+    if idle:
+        return scaling["minReplicas"], f"no traffic over {window}s"
+    ratios: list[tuple[float, str]] = []
+    if queue_target and inputs.queue_per_replica is not None:
+        q = inputs.queue_per_replica
+        ratios.append((q / queue_target, f"queue {q:.1f}/replica vs target {queue_target}"))
+    if p95_target and inputs.p95_ms is not None:
+        p = inputs.p95_ms
+        name = _metric_name(scaling)
+        ratios.append((p / p95_target, f"{name} {p / 1000:.2f}s vs target {p95_target / 1000:g}s"))
+    if not ratios:
+        return inputs.current, "no usable metric"
+    ratio, what = max(ratios)
+    if abs(ratio - 1) <= scaling["tolerancePercent"] / 100:
+        return inputs.current, f"{what} over {window}s, within {scaling['tolerancePercent']}%"
+    return math.ceil(current * ratio), f"{what} over {window}s"
+
+
+def decide(inputs: Inputs, scaling: dict, history: list[Recommendation], now: float) -> Decision:
+    current = inputs.current
+    lo, hi = scaling["minReplicas"], scaling["maxReplicas"]
+    up, down = scaling["scaleUp"], scaling["scaleDown"]
+    keep = (
+        max(up["stabilizationSeconds"], down["stabilizationSeconds"]) + scaling["intervalSeconds"]
+    )
+    history = [(t, r) for t, r in history if now - t <= keep]
+    if inputs.pods_scraped == 0:
+        reason = f"no metrics ({inputs.scrape_failures} scrapes failed): holding at {current}"
+        target = min(max(current, lo), hi)
+        return Decision(target, current, reason, target != current, history)
+    raw, why = _raw(inputs, scaling)
+    history = [*history, (now, raw)]
+    target, hold = current, "holding"
+    if raw > current:
+        recent = [r for t, r in history if now - t <= up["stabilizationSeconds"]]
+        target = min(min(recent), current + up["maxStepReplicas"])
+        hold = "holding while scale-up stabilizes"
+    elif raw < current:
+        recent = [r for t, r in history if now - t <= down["stabilizationSeconds"]]
+        observed_since = history[0][0]
+        covered = observed_since <= now - down["stabilizationSeconds"] + scaling["intervalSeconds"]
+        if inputs.starting:
+            hold = f"holding while {inputs.starting} pods load"
+        elif inputs.scrape_failures:
+            hold = f"holding while {inputs.scrape_failures} pods do not answer"
+        else:
+            hold = f"holding for {down['stabilizationSeconds']}s of lower load"
+            if covered:
+                target = max(max(recent), current - down["maxStepReplicas"])
+    clamped = min(max(target, lo), hi)
+    reason = (
+        f"{why}: {current} -> {clamped}" if clamped != current else f"{why}: {hold} at {current}"
+    )
+    if clamped != target:
+        reason += f" (limited to {lo}..{hi})"
+    return Decision(clamped, raw, reason, clamped != target, history)

@@ -1,0 +1,117 @@
+"""From scraped /metrics texts to what the autoscaler decides on. Pure: no I/O, no clock.
+
+Each pod's samples are kept for the window (plus the one just before it, the baseline). Over the
+window: the average interactive queue per replica, and the p95 of a latency histogram from the
+bucket increases summed over pods, interpolated within buckets as Prometheus'
+histogram_quantile does. A pod whose counters went down restarted: its increase is what it has
+counted since. Pods that come and go simply contribute while they have samples.
+"""
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvpilot_server import metric_names as names
+
+LATENCY_METRICS = {
+    "TimeToFirstToken": names.TIME_TO_FIRST_TOKEN,
+    "EndToEnd": names.E2E_LATENCY,
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    time: float
+    waiting: float  # interactive requests waiting
+    buckets: tuple[tuple[float, float], ...]  # (le, cumulative count), +Inf last
+
+
+def parse(text: str, time: float, latency_metric: str) -> Sample:
+    """One scrape of a kvpilot server's /metrics."""
+    histogram, waiting, buckets = LATENCY_METRICS[latency_metric], 0.0, {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == names.REQUESTS_WAITING and s.labels.get("class") == "interactive":
+                waiting += s.value
+            elif s.name == f"{histogram}_bucket":
+                le = float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + s.value
+    return Sample(time, waiting, tuple(sorted(buckets.items())))
+
+
+def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
+    """Prometheus' rule: find the bucket holding the q-th observation and interpolate linearly
+    inside it (from 0 for the first bucket); in the +Inf bucket, the highest finite bound."""
+    buckets = sorted(buckets)
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (
+                count - lower_count
+            )
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def _increase(first: Sample, last: Sample) -> dict[float, float]:
+    before, after = dict(first.buckets), dict(last.buckets)
+    if any(after.get(le, 0.0) < count for le, count in before.items()):  # the pod restarted
+        return after
+    return {le: count - before.get(le, 0.0) for le, count in after.items()}
+
+
+@dataclass
+class Window:
+    """Samples per pod over the last `seconds`, plus each pod's baseline just before them."""
+
+    seconds: float
+    pods: dict[str, list[Sample]] = field(default_factory=dict)
+
+    def add(self, pod: str, sample: Sample) -> None:
+        samples = self.pods.setdefault(pod, [])
+        samples.append(sample)
+        start = sample.time - self.seconds
+        while len(samples) > 1 and samples[1].time <= start:
+            samples.pop(0)  # keep one sample at or before the window's start as the baseline
+
+    def keep_only(self, pods: Iterable[str]) -> None:
+        """Forget pods that are gone."""
+        alive = set(pods)
+        for pod in [p for p in self.pods if p not in alive]:
+            del self.pods[pod]
+
+
+@dataclass(frozen=True)
+class Observation:
+    pods: int  # pods with at least two samples (a rate needs two)
+    queue_per_replica: float
+    p95_seconds: float | None  # None: no request finished in the window
+    finished: float  # requests finished in the window, all pods
+
+
+def observe(window: Window, now: float) -> Observation | None:
+    """None when no pod has two samples yet: the autoscaler then holds."""
+    increases: dict[float, float] = {}
+    queues, pods = [], 0
+    for samples in window.pods.values():
+        recent = [s for s in samples if s.time >= now - window.seconds] or samples[-1:]
+        queues.append(sum(s.waiting for s in recent) / len(recent))
+        if len(samples) < 2:
+            continue
+        pods += 1
+        for le, count in _increase(samples[0], samples[-1]).items():
+            increases[le] = increases.get(le, 0.0) + count
+    if pods == 0:
+        return None
+    finished = max(increases.values(), default=0.0)
+    p95 = histogram_quantile(0.95, increases.items()) if finished > 0 else None
+    return Observation(pods, sum(queues) / len(queues), p95, finished)

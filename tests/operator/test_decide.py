@@ -1,0 +1,125 @@
+"""decide(), table-driven: step up, noise inside the tolerance, scale-down stabilization, clamps,
+loading pods, scrape failures, idle."""
+
+import itertools
+
+import pytest
+
+from kvpilot_operator import crd
+from kvpilot_operator.decide import Inputs, decide
+
+SCALING = crd.with_defaults(
+    {
+        "spec": {
+            "model": {"source": "builtin://smollm2-135m-instruct"},
+            "autoscaling": {
+                "enabled": True,
+                "minReplicas": 1,
+                "maxReplicas": 8,
+                "targetQueueDepth": 4,
+                "targetLatencyP95Milliseconds": 1000,
+                "windowSeconds": 60,
+                "intervalSeconds": 15,
+                "scaleDown": {"stabilizationSeconds": 300, "maxStepReplicas": 2},
+                "scaleUp": {"stabilizationSeconds": 0, "maxStepReplicas": 4},
+            },
+        }
+    }
+)["spec"]["autoscaling"]
+
+
+def inputs(current=2, queue=4.0, p95=1000.0, starting=0, failures=0, scraped=None, finished=50):
+    return Inputs(
+        current=current,
+        starting=starting,
+        pods_scraped=current if scraped is None else scraped,
+        scrape_failures=failures,
+        queue_per_replica=queue,
+        p95_ms=p95,
+        finished=finished,
+    )
+
+
+# A long, steady history of lower recommendations: scale-down is allowed.
+QUIET = [(t, 1) for t in range(0, 400, 15)]
+
+
+@pytest.mark.parametrize(
+    ("case", "given", "history", "replicas", "words"),
+    [
+        ("on target", inputs(), [], 2, "holding at 2"),
+        ("noise inside 10%", inputs(queue=4.3, p95=1080), [], 2, "within 10%"),
+        ("p95 2.4x", inputs(p95=2400), [], 5, "p95 TTFT 2.40s vs target 1s over 60s: 2 -> 5"),
+        ("queue 3x", inputs(queue=12), [], 6, "queue 12.0/replica vs target 4 over 60s: 2 -> 6"),
+        ("step limit", inputs(queue=40), [], 6, "2 -> 6"),
+        ("clamped at max", inputs(current=8, queue=20), [], 8, "(limited to 1..8)"),
+        (
+            "down needs a full window",
+            inputs(current=4, queue=1, p95=200),
+            [],
+            4,
+            "holding for 300s",
+        ),
+        ("down after the window", inputs(current=4, queue=1, p95=200), QUIET, 2, "4 -> 2"),
+        (
+            "highest recent recommendation wins",
+            inputs(current=4, queue=1, p95=200),
+            [*QUIET[:-2], (375, 3)],
+            3,
+            "4 -> 3",
+        ),
+        (
+            "loading pods hold",
+            inputs(current=4, queue=1, p95=200, starting=1),
+            QUIET,
+            4,
+            "1 pods load",
+        ),
+        (
+            "failed scrapes hold",
+            inputs(current=4, queue=1, p95=200, failures=1),
+            QUIET,
+            4,
+            "1 pods do not answer",
+        ),
+        (
+            "no metrics at all",
+            inputs(scraped=0, failures=2),
+            [],
+            2,
+            "no metrics (2 scrapes failed)",
+        ),
+        ("idle", inputs(current=3, queue=0, p95=None, finished=0), QUIET, 1, "no traffic over 60s"),
+    ],
+)
+def test_decide(case, given, history, replicas, words):
+    decision = decide(given, SCALING, list(history), now=400.0)
+    assert decision.replicas == replicas, decision.reason
+    assert words in decision.reason
+
+
+def test_limited_is_reported_and_history_is_kept_bounded():
+    decision = decide(inputs(current=8, queue=20), SCALING, [(-1000.0, 3)], now=400.0)
+    assert decision.limited and decision.replicas == 8
+    assert decision.history == [(400.0, 40)]  # the stale entry is dropped, the new one kept
+
+
+def test_a_burst_then_quiet_does_not_flap():
+    history: list[tuple[float, int]] = []
+    current, seen = 2, []
+    for step in range(100):  # 15 s apart: 5 busy minutes, then 20 quiet ones
+        now = step * 15.0
+        busy = step < 20
+        decision = decide(
+            inputs(current=current, queue=12 if busy else 0.5, p95=3000 if busy else 300),
+            SCALING,
+            history,
+            now,
+        )
+        history, current = decision.history, decision.replicas
+        seen.append(current)
+    changes = [b - a for a, b in itertools.pairwise(seen) if b != a]
+    ups, downs = [c for c in changes if c > 0], [c for c in changes if c < 0]
+    assert max(seen) == 8 and seen[-1] == 1
+    # Up, then down: never down-then-up-again (no flapping).
+    assert changes.index(downs[0]) > changes.index(ups[-1])
