@@ -28,7 +28,7 @@ SCALING = crd.with_defaults(
 )["spec"]["autoscaling"]
 
 
-def inputs(current=2, queue=4.0, p95=1000.0, starting=0, failures=0, scraped=None, finished=50):
+def inputs(current=2, queue=3.4, p95=850.0, starting=0, failures=0, scraped=None, finished=50):
     return Inputs(
         current=current,
         starting=starting,
@@ -47,9 +47,10 @@ QUIET = [(t, 1) for t in range(0, 400, 15)]
 @pytest.mark.parametrize(
     ("case", "given", "history", "replicas", "words"),
     [
-        ("on target", inputs(), [], 2, "holding at 2"),
-        ("noise inside 10%", inputs(queue=4.3, p95=1080), [], 2, "within 10%"),
-        ("p95 2.4x", inputs(p95=2400), [], 5, "p95 TTFT 2.40s vs target 1s over 60s: 2 -> 5"),
+        ("in the band below target", inputs(), [], 2, "within the target band: holding at 2"),
+        ("noise inside the band", inputs(queue=3.5, p95=880), [], 2, "within the target band"),
+        ("at target: act before it", inputs(p95=1000), [], 3, "2 -> 3"),
+        ("p95 2.4x", inputs(p95=2400), [], 6, "p95 TTFT 2.40s vs target 1s over 60s: 2 -> 6"),
         ("queue 3x", inputs(queue=12), [], 6, "queue 12.0/replica vs target 4 over 60s: 2 -> 6"),
         ("step limit", inputs(queue=40), [], 6, "2 -> 6"),
         ("clamped at max", inputs(current=8, queue=20), [], 8, "(limited to 1..8)"),
@@ -101,7 +102,7 @@ def test_decide(case, given, history, replicas, words):
 def test_limited_is_reported_and_history_is_kept_bounded():
     decision = decide(inputs(current=8, queue=20), SCALING, [(-1000.0, 3)], now=400.0)
     assert decision.limited and decision.replicas == 8
-    assert decision.history == [(400.0, 40)]  # the stale entry is dropped, the new one kept
+    assert decision.history == [(400.0, 45)]  # the stale entry is dropped, the new one kept
 
 
 def test_a_burst_then_quiet_does_not_flap():

@@ -76,8 +76,14 @@ def test_lifecycle_apply_ready_change_scale_unschedulable_delete(cluster):
         status["readyReplicas"] == 1 and status["endpoint"] == f"http://{name}.default.svc:8000/v1"
     )
     assert status["observedGeneration"] == 1 and status["capacity"]["sequencesAtMaxModelLen"] >= 1
-    events = cluster.list(EVENTS)
-    assert any(e["reason"] == "AllReplicasReady" and e["type"] == "Normal" for e in events)
+    # kopf posts Events from a queue, a moment after the status patch.
+    wait_for(
+        "a Normal Event",
+        lambda: any(
+            e["reason"] == "AllReplicasReady" and e["type"] == "Normal"
+            for e in cluster.list(EVENTS)
+        ),
+    )
 
     # A spec change rolls out: the Deployment's pod template follows.
     cluster.patch(MD, name, {"spec": {"engine": {"maxNumSeqs": 8}}})
@@ -106,8 +112,13 @@ def test_lifecycle_apply_ready_change_scale_unschedulable_delete(cluster):
     assert condition["reason"] == "Unschedulable"
     assert "4 Insufficient nvidia.com/gpu" in condition["message"]
     assert _condition(cluster, name, "Ready")["status"] == "False"
-    warnings = [e for e in cluster.list(EVENTS) if e["type"] == "Warning"]
-    assert any("Insufficient nvidia.com/gpu" in e["message"] for e in warnings)
+    wait_for(
+        "a Warning Event",
+        lambda: any(
+            e["type"] == "Warning" and "Insufficient nvidia.com/gpu" in e["message"]
+            for e in cluster.list(EVENTS)
+        ),
+    )
 
     cluster.delete(MD, name)
     wait_for("the ModelDeployment to go", lambda: cluster.get(MD, name) is None)
