@@ -83,7 +83,9 @@ def decide(inputs: Inputs, scaling: dict, history: list[Recommendation], now: fl
     )
     history = [(t, r) for t, r in history if now - t <= keep]
     if inputs.pods_scraped == 0:
-        reason = f"no metrics ({inputs.scrape_failures} scrapes failed): holding at {current}"
+        failed = inputs.scrape_failures
+        why = f"no metrics ({failed} scrapes failed)" if failed else "collecting metrics"
+        reason = f"{why}: holding at {current}"
         target = min(max(current, lo), hi)
         return Decision(target, current, reason, target != current, history)
     raw, why = _raw(inputs, scaling)

@@ -41,3 +41,14 @@ LATENCY_BUCKETS = (
     60.0,
     120.0,
 )
+
+# Operator metrics, labels namespace and name (scale events also direction and reason).
+OPERATOR_DESIRED_REPLICAS = "kvpilot_operator_desired_replicas"
+OPERATOR_CURRENT_REPLICAS = "kvpilot_operator_current_replicas"
+OPERATOR_READY_REPLICAS = "kvpilot_operator_ready_replicas"
+OPERATOR_QUEUE_DEPTH = "kvpilot_operator_observed_queue_depth"
+OPERATOR_P95_SECONDS = "kvpilot_operator_observed_p95_seconds"
+OPERATOR_SCALE_EVENTS = "kvpilot_operator_scale_events_total"
+OPERATOR_SCRAPE_FAILURES = "kvpilot_operator_scrape_failures_total"
+OPERATOR_RECONCILE_ERRORS = "kvpilot_operator_reconcile_errors_total"
+OPERATOR_RECONCILE_SECONDS = "kvpilot_operator_reconcile_duration_seconds"

@@ -49,6 +49,11 @@ def wait_for(
     raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def _is_ready(pod: dict) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
 class StandInCluster:
     def __init__(self, workdir: Path, namespace: str = "default") -> None:
         self.ns, self.kubeconfig = namespace, workdir / "kubeconfig"
@@ -90,6 +95,7 @@ class StandInCluster:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KVPILOT_IMAGE": "kvpilot:test"}
         env["KVPILOT_STATUS_INTERVAL_SECONDS"] = str(status_interval)
         cmd = [sys.executable, "-m", "kvpilot_server.cli", "operator", "--liveness", liveness]
+        cmd += ["--metrics-port", "0"]
         self._log = log.open("ab")
         self.operator = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -143,10 +149,9 @@ class StandInCluster:
 
     # -- controllers, one pass each -----------------------------------------------------------
 
-    def run_deployment_controller(self, pod_status: dict | None = None) -> None:
+    def run_deployment_controller(self, pod_status: dict | None = READY_POD) -> None:
         """Pods to match each Deployment (replaced when its template changes), every pod given
-        `pod_status` (default: running and ready), and the Deployment's status to match."""
-        pod_status = READY_POD if pod_status is None else pod_status
+        `pod_status` (None: leave pod status to a kubelet), and the Deployment's status."""
         for deployment in self.list(DEPLOYMENTS):
             meta, spec = deployment["metadata"], deployment["spec"]
             revision = str(meta["generation"])
@@ -160,17 +165,17 @@ class StandInCluster:
                 self.delete(PODS, pod["metadata"]["name"])
             for _ in range(spec["replicas"] - len(current)):
                 self._create_pod(deployment, revision)
-            for pod in self.list(PODS):
-                if pod["metadata"]["annotations"].get("revision") == revision:
-                    self.patch(PODS, pod["metadata"]["name"], {"status": pod_status}, "status")
-            ready = (
-                spec["replicas"] if pod_status.get("containerStatuses", [{}])[0].get("ready") else 0
-            )
+            if pod_status is not None:
+                for pod in self.list(PODS):
+                    if pod["metadata"]["annotations"].get("revision") == revision:
+                        self.patch(PODS, pod["metadata"]["name"], {"status": pod_status}, "status")
+            pods = [p for p in self.list(PODS) if p["metadata"]["name"].startswith(meta["name"])]
+            ready = sum(1 for p in pods if _is_ready(p))
             status = {
                 "observedGeneration": meta["generation"],
                 "replicas": spec["replicas"],
                 "updatedReplicas": spec["replicas"],
-                "readyReplicas": ready,
+                "readyReplicas": min(ready, spec["replicas"]),
             }
             self.patch(DEPLOYMENTS, meta["name"], {"status": status}, "status")
 

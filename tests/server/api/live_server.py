@@ -15,15 +15,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(*args: str, timeout: float = 300.0):
-    port = _free_port()
+def start_server(*args: str, timeout: float = 300.0, host: str = "127.0.0.1", port: int = 0):
+    port = port or _free_port()
     cmd = [
         sys.executable,
         "-m",
         "kvpilot_server.cli",
         "serve",
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         *args,
@@ -32,7 +32,7 @@ def start_server(*args: str, timeout: float = 300.0):
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop_server
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     proc.log = log
-    base = f"http://127.0.0.1:{port}"
+    base = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -1,0 +1,172 @@
+"""The autoscale path's I/O: a kopf daemon per ModelDeployment with autoscaling on. Every
+intervalSeconds: list its pods, scrape the ready ones' /metrics, observe() over the window,
+decide(), and write the result: replicas through the scale subresource, status.autoscaling, an
+Event for every scale, the operator's metrics.
+
+What stabilization needs (recent recommendations, last decisions) lives in status.autoscaling,
+so an operator restart continues where it left off instead of scaling on a fresh memory.
+"""
+
+import asyncio
+import copy
+import datetime
+import time
+from typing import Any
+
+import httpx
+import kopf
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.types import PatchType
+
+from kvpilot_operator import crd, metrics
+from kvpilot_operator.decide import Decision, Inputs, decide
+from kvpilot_operator.engine_flags import PORT
+from kvpilot_operator.handlers import RESOURCE, RETRY_SECONDS, cluster
+from kvpilot_operator.naming import selector_labels
+from kvpilot_operator.observe import Window, observe, parse
+
+ModelDeploymentResource = create_namespaced_resource(crd.GROUP, crd.VERSION, crd.KIND, crd.PLURAL)
+SCRAPE_TIMEOUT_S = 2.0
+DECISIONS_KEPT = 10
+
+
+def _ready(pod: dict) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _stamp(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _scrape(client: httpx.AsyncClient, pods: list[dict]) -> dict[str, str | None]:
+    async def one(pod: dict) -> str | None:
+        try:
+            response = await client.get(f"http://{pod['status']['podIP']}:{PORT}/metrics")
+            response.raise_for_status()
+            return response.text
+        except (httpx.HTTPError, KeyError):
+            return None
+
+    texts = await asyncio.gather(*(one(p) for p in pods))
+    return {p["metadata"]["name"]: t for p, t in zip(pods, texts, strict=True)}
+
+
+def _enabled(spec: kopf.Spec, **_: Any) -> bool:
+    return bool((spec.get("autoscaling") or {}).get("enabled"))
+
+
+@kopf.daemon(*RESOURCE, when=_enabled, cancellation_timeout=5.0, backoff=RETRY_SECONDS)
+async def autoscale(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    window: Window | None = None
+    async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
+        while not stopped:
+            md = crd.with_defaults(copy.deepcopy(dict(body)))  # body is live: the newest spec
+            scaling = md["spec"]["autoscaling"]
+            if window is None or window.seconds != scaling["windowSeconds"]:
+                window = Window(scaling["windowSeconds"])
+            await step(md, window, client)
+            await stopped.wait(scaling["intervalSeconds"])
+
+
+async def step(md: dict, window: Window, client: httpx.AsyncClient) -> Decision:
+    meta, spec = md["metadata"], md["spec"]
+    name, namespace, scaling = meta["name"], meta["namespace"], spec["autoscaling"]
+    pods = await asyncio.to_thread(cluster().pods, namespace, selector_labels(name))
+    pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    ready = [p for p in pods if _ready(p)]
+    now = time.time()
+    texts = await _scrape(client, ready)
+    for pod, text in texts.items():
+        if text is not None:
+            window.add(pod, parse(text, now, scaling["latencyMetric"]))
+    window.keep_only(p for p, t in texts.items() if t is not None)
+    failures = sum(1 for t in texts.values() if t is None)
+    observed = observe(window, now)
+    inputs = Inputs(
+        current=spec["replicas"],
+        starting=len(pods) - len(ready),
+        pods_scraped=observed.pods if observed else 0,
+        scrape_failures=failures,
+        queue_per_replica=observed.queue_per_replica if observed else None,
+        p95_ms=observed.p95_seconds * 1000 if observed and observed.p95_seconds else None,
+        finished=observed.finished if observed else 0.0,
+    )
+    state = md.get("status", {}).get("autoscaling", {})
+    history = [(float(t), int(r)) for t, r in state.get("recommendations", [])]
+    decision = decide(inputs, scaling, history, now)
+    await asyncio.to_thread(_write, md, inputs, decision, state, now, len(pods), len(ready))
+    labels = (namespace, name)
+    metrics.scrape_failures.labels(*labels).inc(failures)
+    metrics.desired.labels(*labels).set(decision.replicas)
+    metrics.current.labels(*labels).set(len(pods))
+    metrics.ready.labels(*labels).set(len(ready))
+    if inputs.queue_per_replica is not None:
+        metrics.queue.labels(*labels).set(inputs.queue_per_replica)
+    if inputs.p95_ms is not None:
+        metrics.p95.labels(*labels).set(inputs.p95_ms / 1000)
+    return decision
+
+
+def _write(
+    md: dict, inputs: Inputs, decision: Decision, state: dict, now: float, pods: int, ready: int
+) -> None:
+    meta = md["metadata"]
+    name, namespace, before = meta["name"], meta["namespace"], inputs.current
+    decisions = list(state.get("decisions", []))
+    status: dict[str, Any] = {
+        "observed": {
+            "time": _stamp(now),
+            "pods": pods,
+            "readyPods": ready,
+            "scrapeFailures": inputs.scrape_failures,
+            "queueDepth": None
+            if inputs.queue_per_replica is None
+            else round(inputs.queue_per_replica, 2),
+            "p95Milliseconds": None if inputs.p95_ms is None else round(inputs.p95_ms),
+        },
+        "recommendation": decision.recommendation,
+        "recommendations": [[round(t, 3), r] for t, r in decision.history],
+        "reason": decision.reason,
+    }
+    client = cluster().client
+    if decision.replicas != before:
+        client.patch(
+            ModelDeploymentResource.Scale,
+            name,
+            {"spec": {"replicas": decision.replicas}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+        entry = {"time": _stamp(now), "from": before, "to": decision.replicas}
+        decisions = [*decisions, {**entry, "reason": decision.reason}][-DECISIONS_KEPT:]
+        status["lastScaleTime"] = _stamp(now)
+        direction = "up" if decision.replicas > before else "down"
+        driver = decision.reason.split(" ", 1)[0]
+        why = {"queue": "QueueDepth", "p95": "Latency", "no": "Idle"}.get(driver, "Other")
+        metrics.scale_events.labels(namespace, name, direction, why).inc()
+        kopf.event(md, type="Normal", reason=f"Scaled{direction.title()}", message=decision.reason)
+    status["decisions"] = decisions
+    limited = {
+        "type": "ScalingLimited",
+        "status": "True" if decision.limited else "False",
+        "reason": "AtBounds" if decision.limited else "WithinBounds",
+        "message": decision.reason,
+        "lastTransitionTime": _stamp(now),
+    }
+    conditions = [
+        c for c in md.get("status", {}).get("conditions", []) if c["type"] != limited["type"]
+    ]
+    old = next(
+        (c for c in md.get("status", {}).get("conditions", []) if c["type"] == "ScalingLimited"),
+        None,
+    )
+    if old and old.get("status") == limited["status"]:
+        limited["lastTransitionTime"] = old.get("lastTransitionTime", limited["lastTransitionTime"])
+    client.patch(
+        ModelDeploymentResource.Status,
+        name,
+        {"status": {"autoscaling": status, "conditions": [*conditions, limited]}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )

@@ -1,0 +1,20 @@
+"""The operator's own Prometheus metrics (names in kvpilot_server.metric_names)."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from kvpilot_server import metric_names as names
+
+LABELS = ["namespace", "name"]
+desired = Gauge(names.OPERATOR_DESIRED_REPLICAS, "Replicas the autoscaler asks for", LABELS)
+current = Gauge(names.OPERATOR_CURRENT_REPLICAS, "Pods that exist", LABELS)
+ready = Gauge(names.OPERATOR_READY_REPLICAS, "Pods ready to serve", LABELS)
+queue = Gauge(names.OPERATOR_QUEUE_DEPTH, "Waiting interactive requests per replica", LABELS)
+p95 = Gauge(names.OPERATOR_P95_SECONDS, "p95 of the autoscaling latency metric", LABELS)
+scale_events = Counter(
+    names.OPERATOR_SCALE_EVENTS, "Scale decisions applied", [*LABELS, "direction", "reason"]
+)
+scrape_failures = Counter(
+    names.OPERATOR_SCRAPE_FAILURES, "Pod /metrics scrapes that failed", LABELS
+)
+reconcile_errors = Counter(names.OPERATOR_RECONCILE_ERRORS, "Reconciles that raised", LABELS)
+reconcile_seconds = Histogram(names.OPERATOR_RECONCILE_SECONDS, "Reconcile duration", LABELS)

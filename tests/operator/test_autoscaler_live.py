@@ -1,0 +1,132 @@
+"""The autoscaler end to end on loopback: the real operator against the API stand-in, a real
+`kvpilot serve` (tiny model, at most 2 sequences at a time) behind every Pod on its own
+127.0.0.x address, and real load. A load step raises the replicas, with an Event and the reason
+in status; when the load stops they go back to minReplicas after the (shortened) stabilization."""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.operator.kube_cluster import MD, StandInCluster, wait_for
+from tests.operator.kubelet import PORT, Kubelet
+
+EVENTS = "/api/v1/namespaces/{ns}/events"
+BODY = {
+    "model": "tiny",
+    "prompt": "The river",
+    "max_tokens": 48,
+    "ignore_eos": True,
+    "temperature": 0,
+}
+SPEC = {
+    "model": {"source": "builtin://smollm2-135m-instruct"},
+    "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
+    "replicas": 1,
+    "autoscaling": {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "targetQueueDepth": 2,
+        "windowSeconds": 10,
+        "intervalSeconds": 2,
+        "scaleDown": {"stabilizationSeconds": 10, "maxStepReplicas": 2},
+    },
+}
+
+
+@pytest.fixture
+def stand_in(tmp_path, tiny_dir):
+    cluster = StandInCluster(tmp_path)
+    kubelet = Kubelet(cluster, tiny_dir("llama"), "--max-num-seqs", "2")
+    stop = threading.Event()
+
+    def controllers() -> None:
+        while not stop.is_set():
+            try:
+                cluster.run_deployment_controller(pod_status=None)
+                kubelet.sync()
+            except httpx.HTTPError:
+                pass  # the stand-in going away at the end of the test
+            stop.wait(0.5)
+
+    cluster.start_operator(tmp_path / "operator.log", status_interval=1)
+    cluster.wait_for_operator()
+    thread = threading.Thread(target=controllers, daemon=True)
+    thread.start()
+    try:
+        yield cluster, kubelet
+    finally:
+        stop.set()
+        thread.join(60)
+        kubelet.stop()
+        cluster.close()
+        print((tmp_path / "operator.log").read_text()[-3000:])
+
+
+def _load(kubelet: Kubelet, stop: threading.Event, deadline: float) -> int:
+    """Closed-loop clients, 12 at a time, spread over the pods; bounded in time."""
+    sent = 0
+
+    def client(i: int) -> int:
+        done = 0
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set() and time.monotonic() < deadline:
+                addresses = kubelet.addresses()
+                if not addresses:
+                    time.sleep(0.2)
+                    continue
+                address = addresses[(i + done) % len(addresses)]
+                try:
+                    http.post(f"http://{address}:{PORT}/v1/completions", json=BODY)
+                    done += 1
+                except httpx.HTTPError:
+                    time.sleep(0.1)  # a pod that just went away
+        return done
+
+    with ThreadPoolExecutor(12) as pool:
+        sent = sum(pool.map(client, range(12)))
+    return sent
+
+
+def test_load_step_scales_up_with_reasons_and_idle_scales_back(stand_in):
+    cluster, kubelet = stand_in
+    cluster.create(MD, {"metadata": {"name": "auto"}, "spec": SPEC})
+    wait_for("the first pod to serve", lambda: kubelet.addresses(), timeout=120)
+
+    stop = threading.Event()
+    loader = threading.Thread(target=_load, args=(kubelet, stop, time.monotonic() + 240))
+    loader.start()
+    try:
+        scaled = wait_for(
+            "a scale-up",
+            lambda: (cluster.get(MD, "auto") or {}).get("spec", {}).get("replicas", 1) > 1,
+            timeout=120,
+        )
+        assert scaled
+        status = wait_for(
+            "a decision in status",
+            lambda: cluster.get(MD, "auto")["status"].get("autoscaling", {}).get("decisions"),
+            timeout=30,
+        )
+        assert "queue" in status[-1]["reason"] and status[-1]["to"] > status[-1]["from"]
+        events = wait_for(
+            "a ScaledUp Event",
+            lambda: [e for e in cluster.list(EVENTS) if e["reason"] == "ScaledUp"],
+            timeout=30,
+        )
+        assert "queue" in events[0]["message"] and "->" in events[0]["message"]
+    finally:
+        stop.set()
+        loader.join(120)
+
+    wait_for(
+        "back to minReplicas",
+        lambda: cluster.get(MD, "auto")["spec"]["replicas"] == 1,
+        timeout=120,
+    )
+    autoscaling = cluster.get(MD, "auto")["status"]["autoscaling"]
+    assert autoscaling["decisions"][-1]["to"] == 1
+    assert any(e["reason"] == "ScaledDown" for e in cluster.list(EVENTS))
