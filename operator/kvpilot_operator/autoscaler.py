@@ -139,6 +139,9 @@ def _write(
             patch_type=PatchType.MERGE,
         )
         entry = {"time": _stamp(now), "from": before, "to": decision.replicas}
+        entry["inputs"] = {
+            k: v for k, v in status["observed"].items() if k in ("queueDepth", "p95Milliseconds")
+        }
         decisions = [*decisions, {**entry, "reason": decision.reason}][-DECISIONS_KEPT:]
         status["lastScaleTime"] = _stamp(now)
         direction = "up" if decision.replicas > before else "down"

@@ -12,7 +12,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot_operator import crd
+from kvpilot_operator import crd, metrics
 from kvpilot_operator.cluster import Cluster
 from kvpilot_operator.fit import Fit, check
 from kvpilot_operator.naming import selector_labels
@@ -51,7 +51,16 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.resume(*RESOURCE, backoff=RETRY_SECONDS)
 @kopf.on.create(*RESOURCE, backoff=RETRY_SECONDS)
 @kopf.on.update(*RESOURCE, field="spec", backoff=RETRY_SECONDS)
-def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+def reconcile(body: kopf.Body, patch: kopf.Patch, name: str, namespace: str, **_: Any) -> None:
+    with metrics.reconcile_seconds.labels(namespace, name).time():
+        try:
+            _reconcile(body, patch)
+        except Exception:
+            metrics.reconcile_errors.labels(namespace, name).inc()
+            raise
+
+
+def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
     md = crd.with_defaults(copy.deepcopy(dict(body)))
     fit = check(md["spec"])
     # A spec that cannot fit creates no pods that would only OOM; what runs keeps running.
