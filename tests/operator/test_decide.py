@@ -2,6 +2,7 @@
 loading pods, scrape failures, idle."""
 
 import itertools
+import json
 
 import pytest
 
@@ -124,3 +125,18 @@ def test_a_burst_then_quiet_does_not_flap():
     assert max(seen) == 8 and seen[-1] == 1
     # Up, then down: never down-then-up-again (no flapping).
     assert changes.index(downs[0]) > changes.index(ups[-1])
+
+
+def test_a_restart_continues_from_the_history_kept_in_status():
+    """The daemon keeps recommendations in status.autoscaling as JSON; a restarted operator
+    reads them back and decides exactly as if it had never stopped (no early scale-down)."""
+    busy, quiet = inputs(current=6, queue=12, p95=3000), inputs(current=6, queue=0.5, p95=300)
+    history: list[tuple[float, int]] = []
+    for step in range(10):
+        history = decide(busy, SCALING, history, step * 15.0).history
+    stored = json.loads(json.dumps([[t, r] for t, r in history]))  # the status round trip
+    restored = [(float(t), int(r)) for t, r in stored]
+    after_restart = decide(quiet, SCALING, restored, 150.0)
+    uninterrupted = decide(quiet, SCALING, history, 150.0)
+    assert after_restart == uninterrupted
+    assert after_restart.replicas == 6  # the busy minutes still count: no scale-down yet
