@@ -5,7 +5,7 @@ import threading
 from pathlib import Path
 
 from tests.operator.kube_cluster import CONTAINER, PODS, StandInCluster
-from tests.server.api.live_server import start_server, stop_server
+from tests.server.api.live_server import start_tiny_server, stop_server
 
 PORT = 8000
 
@@ -25,18 +25,8 @@ class Kubelet:
         for name in [n for n in pods if n not in self.servers]:
             address = f"127.0.0.{self._next}"
             self._next += 1
-            process, _ = start_server(
-                "--model",
-                str(self.model_dir),
-                "--served-model-name",
-                "tiny",
-                "--kv-cache-bytes",
-                "16MiB",
-                "--max-model-len",
-                "256",
-                *self.server_args,
-                host=address,
-                port=PORT,
+            process, _ = start_tiny_server(
+                self.model_dir, *self.server_args, host=address, port=PORT
             )
             self.servers[name] = (process, address)
             status = {

@@ -11,8 +11,8 @@ whose p95 meets the target for that second's arrival rate."""
 import itertools
 import math
 
-from kvpilot_operator import crd
 from kvpilot_operator.decide import Inputs, decide
+from tests.operator.scaling import scaling
 
 CAPACITY = 10.0  # requests per second one replica serves
 P95_FACTOR = math.log(20) / CAPACITY  # M/M/1: p95 response = ln(20) / (mu - lambda)
@@ -20,23 +20,15 @@ STARTUP_S = 60  # a new replica loads its model this long before serving
 DURATION_S, WARMUP_S, WINDOW_S = 4 * 3600, 1800, 60
 TARGET_P95_MS = 1000
 MAX_RHO = 1 - P95_FACTOR / (TARGET_P95_MS / 1000)  # the utilisation at which p95 hits target
-SCALING = crd.with_defaults(
-    {
-        "spec": {
-            "model": {"source": "builtin://smollm2-135m-instruct"},
-            "autoscaling": {
-                "enabled": True,
-                "minReplicas": 1,
-                "maxReplicas": 20,
-                "targetQueueDepth": 4,
-                "targetLatencyP95Milliseconds": TARGET_P95_MS,
-                "windowSeconds": WINDOW_S,
-                "intervalSeconds": 15,
-                "scaleDown": {"stabilizationSeconds": 300, "maxStepReplicas": 2},
-            },
-        }
-    }
-)["spec"]["autoscaling"]
+SCALING = scaling(
+    minReplicas=1,
+    maxReplicas=20,
+    targetQueueDepth=4,
+    targetLatencyP95Milliseconds=TARGET_P95_MS,
+    windowSeconds=WINDOW_S,
+    intervalSeconds=15,
+    scaleDown={"stabilizationSeconds": 300, "maxStepReplicas": 2},
+)
 
 
 def arrivals(t: int) -> float:

@@ -6,27 +6,19 @@ import json
 
 import pytest
 
-from kvpilot_operator import crd
 from kvpilot_operator.decide import Inputs, decide
+from tests.operator.scaling import scaling
 
-SCALING = crd.with_defaults(
-    {
-        "spec": {
-            "model": {"source": "builtin://smollm2-135m-instruct"},
-            "autoscaling": {
-                "enabled": True,
-                "minReplicas": 1,
-                "maxReplicas": 8,
-                "targetQueueDepth": 4,
-                "targetLatencyP95Milliseconds": 1000,
-                "windowSeconds": 60,
-                "intervalSeconds": 15,
-                "scaleDown": {"stabilizationSeconds": 300, "maxStepReplicas": 2},
-                "scaleUp": {"stabilizationSeconds": 0, "maxStepReplicas": 4},
-            },
-        }
-    }
-)["spec"]["autoscaling"]
+SCALING = scaling(
+    minReplicas=1,
+    maxReplicas=8,
+    targetQueueDepth=4,
+    targetLatencyP95Milliseconds=1000,
+    windowSeconds=60,
+    intervalSeconds=15,
+    scaleDown={"stabilizationSeconds": 300, "maxStepReplicas": 2},
+    scaleUp={"stabilizationSeconds": 0, "maxStepReplicas": 4},
+)
 
 
 def inputs(current=2, queue=3.4, p95=850.0, starting=0, failures=0, scraped=None, finished=50):

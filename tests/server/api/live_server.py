@@ -58,7 +58,7 @@ def stop_server(proc: subprocess.Popen) -> None:
     proc.log.close()
 
 
-def start_tiny_server(model_dir, *extra: str):
+def start_tiny_server(model_dir, *extra: str, host: str = "127.0.0.1", port: int = 0):
     """The tiny Llama test model served as "tiny" with a 256-token context, plus extra flags."""
     return start_server(
         "--model",
@@ -70,4 +70,6 @@ def start_tiny_server(model_dir, *extra: str):
         "--max-model-len",
         "256",
         *extra,
+        host=host,
+        port=port,
     )
