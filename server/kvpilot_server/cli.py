@@ -66,6 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_engine_args(serve)
 
+    plan = commands.add_parser(
+        "plan",
+        help="will a model fit on a device, and how many sequences fit its KV cache",
+        description="The memory model without loading anything: weight bytes by dtype and "
+        "quantization, KV bytes per token, the cache left after weights and runtime headroom, "
+        "and how many max-length sequences it holds. Exit code 1 when it does not fit.",
+    )
+    from kvpilot_server.plan import add_plan_args
+
+    add_plan_args(plan)
+
     operator = commands.add_parser(
         "operator",
         help="run the Kubernetes operator for ModelDeployments",
@@ -82,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvpilot_server.serve import run_serve
 
         return run_serve(args)
+    if args.command == "plan":
+        from kvpilot_server.plan import run_plan
+
+        return run_plan(args)
     if args.command == "operator":
         from kvpilot_operator.main import run_operator
 

@@ -47,6 +47,32 @@ class ModelShape:
         return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
 
 
+def shape_from_config(config: dict) -> ModelShape:
+    """A Llama-family model's shape from its Hugging Face config.json (a plain dict)."""
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    vocab, inter = config["vocab_size"], config["intermediate_size"]
+    tied = bool(config.get("tie_word_embeddings", False))
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o, k, v
+    if config.get("attention_bias") or config.get("model_type") == "qwen2":
+        attention += heads * head_dim + 2 * kv_heads * head_dim  # q, k, v biases
+    norms = 2 * hidden + (2 * head_dim if config.get("model_type") == "qwen3" else 0)
+    per_layer = attention + 3 * hidden * inter + norms
+    params = layers * per_layer + hidden + vocab * hidden * (1 if tied else 2)
+    return ModelShape(
+        params=params,
+        hidden=hidden,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab=vocab,
+        tied_embeddings=tied,
+        max_position=config.get("max_position_embeddings", 4096),
+    )
+
+
 # Known models by source, so the fit check works before anything is downloaded.
 KNOWN_MODELS = {
     "builtin://smollm2-135m-instruct": ModelShape(134_515_008, 576, 30, 3, 64, 49152, True, 8192),

@@ -1,0 +1,76 @@
+"""`kvpilot plan`: will a model fit, and how many sequences will its KV cache hold? The memory
+model (kvpilot_server.memory_model) applied to a model and a device, without loading anything."""
+
+import argparse
+import json
+from pathlib import Path
+
+from kvpilot_server.engine_args import parse_bytes
+from kvpilot_server.memory_model import (
+    GPU_MEMORY_MIB,
+    KNOWN_MODELS,
+    MiB,
+    ModelShape,
+    plan,
+    shape_from_config,
+)
+
+
+def add_plan_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="builtin://smollm2-135m-instruct",
+        help="a known source (builtin://, catalogued hf://) or a directory with config.json",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--gpu-memory", type=parse_bytes, help="device memory, e.g. 80GiB")
+    where.add_argument("--gpu-type", choices=sorted(GPU_MEMORY_MIB), help="a known GPU")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--quantization", default="none", choices=["none", "int8", "int4", "fp8"])
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"])
+    parser.add_argument("--max-model-len", type=int, help="default: the model's own limit")
+    parser.add_argument("--kv-cache-memory-fraction", type=float, default=0.9)
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+
+
+def model_shape(model: str) -> ModelShape:
+    if model in KNOWN_MODELS:
+        return KNOWN_MODELS[model]
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        known = ", ".join(sorted(KNOWN_MODELS))
+        raise SystemExit(f"kvpilot plan: {model!r} is neither known ({known}) nor a directory")
+    return shape_from_config(json.loads(config.read_text()))
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    shape = model_shape(args.model)
+    memory = args.gpu_memory or GPU_MEMORY_MIB[args.gpu_type or "H100-80GB"] * MiB
+    max_len = args.max_model_len or shape.max_position
+    p = plan(
+        shape,
+        memory,
+        max_len,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        kv_fraction=args.kv_cache_memory_fraction,
+    )
+    result = {
+        "model": args.model,
+        "parameters": shape.params,
+        "device_memory_mib": memory // MiB,
+        "weights_mib": p.weight_bytes // MiB,
+        "kv_bytes_per_token": p.kv_bytes_per_token,
+        "kv_cache_mib": max(0, p.kv_cache_bytes) // MiB,
+        "kv_cache_tokens": p.kv_tokens,
+        "max_model_len": max_len,
+        "sequences_at_max_model_len": p.sequences_at_max_len,
+        "fits": p.fits,
+    }
+    if not args.json:
+        for key, value in result.items():
+            print(f"{key:28} {value}")
+    else:
+        print(json.dumps(result))
+    return 0 if p.fits else 1

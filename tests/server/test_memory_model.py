@@ -1,0 +1,74 @@
+"""The memory model against what the engine really allocates (CPU, float32), its shapes against
+Hugging Face's own parameter counts, and `kvpilot plan` as users run it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from kvpilot_server import LLM
+from kvpilot_server.memory_model import (
+    KNOWN_MODELS,
+    kv_bytes_per_token,
+    shape_from_config,
+    weight_bytes,
+)
+
+
+def test_shapes_from_config_count_every_parameter(tiny_model):
+    config = json.loads((tiny_model / "config.json").read_text())
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    # Tied embeddings are one tensor: count unique storages, as memory does.
+    unique = {p.data_ptr(): p.numel() for p in hf.parameters()}
+    assert shape_from_config(config).params == sum(unique.values())
+
+
+def test_known_smollm2_shape_matches_its_config(smollm2):
+    config = json.loads((smollm2 / "config.json").read_text())
+    assert shape_from_config(config) == KNOWN_MODELS["builtin://smollm2-135m-instruct"]
+
+
+@pytest.mark.slow
+def test_predicted_weights_and_kv_match_what_the_engine_allocates(smollm2):
+    llm = LLM(str(smollm2), max_model_len=1024, kv_cache_bytes=256 << 20)
+    engine = llm.engine
+    shape = KNOWN_MODELS["builtin://smollm2-135m-instruct"]
+    unique = {p.data_ptr(): p.numel() * p.element_size() for p in engine.model.parameters()}
+    measured_weights = sum(unique.values())
+    measured_kv = sum(k.nbytes + v.nbytes for k, v in engine.runner.kv_cache)
+    slots = engine.pool.num_blocks * engine.config.block_size
+    predicted_weights = weight_bytes(shape, "float32")
+    predicted_kv = kv_bytes_per_token(shape, "float32") * slots
+    measured, predicted = measured_weights + measured_kv, predicted_weights + predicted_kv
+    print({"measured_bytes": measured, "predicted_bytes": predicted})
+    assert abs(predicted - measured) <= 0.10 * measured
+
+
+def _plan(*args: str) -> tuple[int, dict]:
+    result = subprocess.run(
+        [sys.executable, "-m", "kvpilot_server.cli", "plan", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_plan_says_what_fits():
+    code, big = _plan("--model", "hf://meta-llama/Llama-3.1-70B-Instruct", "--gpu-type", "L4")
+    assert code == 1 and not big["fits"] and big["weights_mib"] > 23034
+    code, small = _plan("--model", "hf://Qwen/Qwen2.5-7B-Instruct", "--gpu-type", "L4")
+    assert code == 0 and small["fits"]
+    _, quantized = _plan(
+        "--model", "hf://Qwen/Qwen2.5-7B-Instruct", "--gpu-type", "L4", "--quantization", "int8"
+    )
+    _, kv8 = _plan(
+        "--model", "hf://Qwen/Qwen2.5-7B-Instruct", "--gpu-type", "L4", "--kv-cache-dtype", "int8"
+    )
+    assert quantized["weights_mib"] < 0.6 * small["weights_mib"]
+    assert quantized["kv_cache_tokens"] > small["kv_cache_tokens"]
+    assert kv8["kv_bytes_per_token"] * 2 == small["kv_bytes_per_token"]  # sequences per GiB double
