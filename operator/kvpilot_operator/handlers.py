@@ -7,6 +7,7 @@ with the garbage collector, so deleting a ModelDeployment never hangs when the o
 import copy
 import datetime
 import os
+import threading
 from importlib.metadata import version
 from typing import Any
 
@@ -23,6 +24,8 @@ RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
 STATUS_INTERVAL_SECONDS = float(os.environ.get("KVPILOT_STATUS_INTERVAL_SECONDS", "10"))
 RETRY_SECONDS = 5  # after an API error; kopf's default of 60 s leaves status stale too long
 _cluster: Cluster | None = None
+_posted: dict[str, dict[str, tuple[str, str]]] = {}  # uid -> condition type -> last Event's
+_posted_lock = threading.Lock()
 
 
 def image() -> str:
@@ -86,6 +89,18 @@ def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     report(body, md, check(md["spec"]), patch)
 
 
+def _first_to_post(uid: str, condition: dict) -> bool:
+    """Reconcile and the status timer may both see the same change in the same old status;
+    only the first of them posts its Event."""
+    state = (condition["status"], condition["reason"])
+    with _posted_lock:
+        seen = _posted.setdefault(uid, {})
+        if seen.get(condition["type"]) == state:
+            return False
+        seen[condition["type"]] = state
+        return True
+
+
 def report(body: kopf.Body, md: dict, fit: Fit, patch: kopf.Patch) -> None:
     """Status from the children and pods as they are now; an Event per condition change."""
     name, namespace = md["metadata"]["name"], md["metadata"]["namespace"]
@@ -94,6 +109,8 @@ def report(body: kopf.Body, md: dict, fit: Fit, patch: kopf.Patch) -> None:
     new = status(md, deployment, pods, fit, _now())
     old_conditions = md.get("status", {}).get("conditions", [])
     for condition in changed(old_conditions, new["conditions"]):
+        if not _first_to_post(md["metadata"]["uid"], condition):
+            continue
         bad = (condition["type"] == "Degraded") == (condition["status"] == "True")
         kopf.event(
             body,

@@ -3,6 +3,7 @@
 collector."""
 
 import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -84,6 +85,8 @@ def test_lifecycle_apply_ready_change_scale_unschedulable_delete(cluster):
             for e in cluster.list(EVENTS)
         ),
     )
+    time.sleep(1.5)  # three more status refreshes: the transition must not be announced again
+    assert sum(e["reason"] == "AllReplicasReady" for e in cluster.list(EVENTS)) == 1
 
     # A spec change rolls out: the Deployment's pod template follows.
     cluster.patch(MD, name, {"spec": {"engine": {"maxNumSeqs": 8}}})
