@@ -39,10 +39,10 @@ class EngineConfig:
                 self.dtype in ("auto", "float32", "bfloat16", "float16"),
                 f"unknown dtype {self.dtype!r}",
             ),
-            # Named now so deployments can ask for them; the kernels are not built yet.
+            # int4 and fp8 are named so deployments can ask for them; their kernels are not built.
             (
-                self.quantization == "none",
-                f"quantization {self.quantization!r} is not supported by this version (none only)",
+                self.quantization in ("none", "int8"),
+                f"quantization {self.quantization!r} is not supported by this version (none, int8)",
             ),
             (
                 self.kv_cache_dtype == "auto",

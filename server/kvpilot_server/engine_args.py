@@ -16,7 +16,7 @@ _HELP = {
     "max_num_seqs": "most sequences in one step",
     "max_num_batched_tokens": "most tokens in one step (longer prompts are prefilled in chunks)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
-    "quantization": "weight quantization: none (int8, int4, fp8 are planned)",
+    "quantization": "weight quantization: none, or int8 (CPU, weight-only; int4, fp8 planned)",
     "kv_cache_dtype": "KV cache precision: auto, the model dtype (int8, fp8 are planned)",
     "seed": "seed for requests that bring none",
 }

@@ -72,3 +72,13 @@ def test_plan_says_what_fits():
     assert quantized["weights_mib"] < 0.6 * small["weights_mib"]
     assert quantized["kv_cache_tokens"] > small["kv_cache_tokens"]
     assert kv8["kv_bytes_per_token"] * 2 == small["kv_bytes_per_token"]  # sequences per GiB double
+
+
+@pytest.mark.slow
+def test_int8_weights_are_predicted_too(smollm2):
+    engine = LLM(str(smollm2), max_model_len=512, kv_cache_bytes=64 << 20, quantization="int8")
+    tensors = [*engine.engine.model.parameters(), *engine.engine.model.buffers()]
+    measured = sum({t.data_ptr(): t.nbytes for t in tensors}.values())
+    predicted = weight_bytes(KNOWN_MODELS["builtin://smollm2-135m-instruct"], "float32", "int8")
+    print({"int8_measured_bytes": measured, "int8_predicted_bytes": predicted})
+    assert abs(predicted - measured) <= 0.10 * measured

@@ -11,28 +11,35 @@ from pathlib import Path
 from types import ModuleType
 
 log = logging.getLogger(__name__)
-_SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
+_CSRC = Path(__file__).parent / "csrc"
 
 
 def load() -> ModuleType | None:
-    """The compiled module, or None when disabled or the build fails (logged once)."""
+    """The paged decode-attention module, or None when disabled or the build fails."""
     if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
         return None
-    return _build()
+    return _build("kvpilot_paged_decode", "paged_decode.cpp")
+
+
+def load_int8() -> ModuleType | None:
+    """The weight-only int8 linear module (AVX2), or None when disabled or the build fails."""
+    if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
+        return None
+    return _build("kvpilot_int8_linear", "int8_linear.cpp")
 
 
 @functools.cache
-def _build() -> ModuleType | None:
+def _build(name: str, source: str) -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load as build
 
         return build(
-            name="kvpilot_paged_decode",
-            sources=[str(_SOURCE)],
+            name=name,
+            sources=[str(_CSRC / source)],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )
     except Exception as exc:  # no compiler, no ninja, unsupported platform: use PyTorch's ops
-        log.warning("CPU attention kernel unavailable (%s); using the reference path", exc)
+        log.warning("CPU kernel %s unavailable (%s); using the PyTorch path", name, exc)
         return None

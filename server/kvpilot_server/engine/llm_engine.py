@@ -22,6 +22,7 @@ from kvpilot_server.engine.model_runner import (
     allocate_kv_cache,
     kv_bytes_per_block,
 )
+from kvpilot_server.engine.quant import quantize
 from kvpilot_server.engine.request import Request
 from kvpilot_server.engine.sampler import Sampler
 from kvpilot_server.engine.scheduler import Scheduler
@@ -55,6 +56,7 @@ class LLMEngine:
         self.device = _device(config.device)
         path = self.model_path = resolve_model(config.model)
         self.model = load_model(path, _dtype(config.dtype, self.device), self.device)
+        quantize(self.model, config.quantization, self.device)
         self.tokenizer: PreTrainedTokenizerBase = _tokenizer(path)
         cfg = self.model.cfg
         if config.max_model_len is None:
