@@ -8,8 +8,6 @@ so an operator restart continues where it left off instead of scaling on a fresh
 """
 
 import asyncio
-import copy
-import datetime
 import time
 from typing import Any
 
@@ -24,6 +22,7 @@ from kvpilot_operator.engine_flags import PORT
 from kvpilot_operator.handlers import RESOURCE, RETRY_SECONDS, cluster
 from kvpilot_operator.naming import selector_labels
 from kvpilot_operator.observe import Window, observe, parse
+from kvpilot_operator.status import timestamp
 
 ModelDeploymentResource = create_namespaced_resource(crd.GROUP, crd.VERSION, crd.KIND, crd.PLURAL)
 SCRAPE_TIMEOUT_S = 2.0
@@ -33,10 +32,6 @@ DECISIONS_KEPT = 10
 def _ready(pod: dict) -> bool:
     conditions = pod.get("status", {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _stamp(epoch: float) -> str:
-    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def _scrape(client: httpx.AsyncClient, pods: list[dict]) -> dict[str, str | None]:
@@ -61,7 +56,7 @@ async def autoscale(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> N
     window: Window | None = None
     async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
         while not stopped:
-            md = crd.with_defaults(copy.deepcopy(dict(body)))  # body is live: the newest spec
+            md = crd.defaulted(body)  # body is live: the newest spec
             scaling = md["spec"]["autoscaling"]
             if window is None or window.seconds != scaling["windowSeconds"]:
                 window = Window(scaling["windowSeconds"])
@@ -116,7 +111,7 @@ def _write(
     decisions = list(state.get("decisions", []))
     status: dict[str, Any] = {
         "observed": {
-            "time": _stamp(now),
+            "time": timestamp(now),
             "pods": pods,
             "readyPods": ready,
             "scrapeFailures": inputs.scrape_failures,
@@ -138,34 +133,32 @@ def _write(
             namespace=namespace,
             patch_type=PatchType.MERGE,
         )
-        entry = {"time": _stamp(now), "from": before, "to": decision.replicas}
+        entry = {"time": timestamp(now), "from": before, "to": decision.replicas}
         entry["inputs"] = {
             k: v for k, v in status["observed"].items() if k in ("queueDepth", "p95Milliseconds")
         }
         decisions = [*decisions, {**entry, "reason": decision.reason}][-DECISIONS_KEPT:]
-        status["lastScaleTime"] = _stamp(now)
+        status["lastScaleTime"] = timestamp(now)
         direction = "up" if decision.replicas > before else "down"
         driver = decision.reason.split(" ", 1)[0]
         why = {"queue": "QueueDepth", "p95": "Latency", "no": "Idle"}.get(driver, "Other")
         metrics.scale_events.labels(namespace, name, direction, why).inc()
         kopf.event(md, type="Normal", reason=f"Scaled{direction.title()}", message=decision.reason)
     status["decisions"] = decisions
+    conditions = md.get("status", {}).get("conditions", [])
+    flag = "True" if decision.limited else "False"
+    previous = next((c for c in conditions if c["type"] == "ScalingLimited"), {})
     limited = {
         "type": "ScalingLimited",
-        "status": "True" if decision.limited else "False",
+        "status": flag,
         "reason": "AtBounds" if decision.limited else "WithinBounds",
         "message": decision.reason,
-        "lastTransitionTime": _stamp(now),
+        # The time of the last flip, as for every condition.
+        "lastTransitionTime": previous.get("lastTransitionTime")
+        if previous.get("status") == flag
+        else timestamp(now),
     }
-    conditions = [
-        c for c in md.get("status", {}).get("conditions", []) if c["type"] != limited["type"]
-    ]
-    old = next(
-        (c for c in md.get("status", {}).get("conditions", []) if c["type"] == "ScalingLimited"),
-        None,
-    )
-    if old and old.get("status") == limited["status"]:
-        limited["lastTransitionTime"] = old.get("lastTransitionTime", limited["lastTransitionTime"])
+    conditions = [c for c in conditions if c["type"] != "ScalingLimited"]
     client.patch(
         ModelDeploymentResource.Status,
         name,

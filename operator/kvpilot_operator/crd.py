@@ -3,6 +3,7 @@ link to it): names, the schema, and the schema's defaults applied as the API ser
 render() always sees a complete spec even from a cluster whose CRD is older than the operator."""
 
 import copy
+from collections.abc import Mapping
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -26,14 +27,23 @@ def schema() -> dict[str, Any]:
 def with_defaults(value: Any, node: dict[str, Any] | None = None) -> Any:
     """A copy of `value` with the structural schema's defaults filled in, recursively (a default
     that is itself an object gets its own fields' defaults, as in the API server)."""
-    node = schema() if node is None else node
-    value = copy.deepcopy(value)
+    return _fill(copy.deepcopy(value), schema() if node is None else node)
+
+
+def defaulted(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A ModelDeployment (a kopf body or a plain dict) as a defaulted plain dict."""
+    return with_defaults(dict(body))
+
+
+def _fill(value: Any, node: dict[str, Any]) -> Any:
+    """Fill defaults into `value` in place (it is already a private copy)."""
     if isinstance(value, dict) and "properties" in node:
         for name, child in node["properties"].items():
             if name not in value and "default" in child:
                 value[name] = copy.deepcopy(child["default"])
             if name in value:
-                value[name] = with_defaults(value[name], child)
+                value[name] = _fill(value[name], child)
     elif isinstance(value, list) and "items" in node:
-        value = [with_defaults(item, node["items"]) for item in value]
+        for i, item in enumerate(value):
+            value[i] = _fill(item, node["items"])
     return value

@@ -1,12 +1,11 @@
 """The pod's file layout and the `kvpilot serve` flags a ModelDeployment's spec turns into."""
 
-from kvpilot_operator.fit import cpu_kv_cache_bytes
+from kvpilot_operator.fit import DTYPE_FLAGS, cpu_kv_cache_bytes
 
 PORT = 8000
 CACHE_DIR = "/var/cache/kvpilot"  # model cache volume: downloads and converted models
 PVC_DIR = "/models"  # where a pvc:// claim is mounted
 KEYS_DIR = "/etc/kvpilot/keys"
-_DTYPES = {"Auto": "auto", "Float32": "float32", "BFloat16": "bfloat16", "Float16": "float16"}
 
 
 def model_path(source: str) -> str:
@@ -25,7 +24,7 @@ def engine_args(spec: dict, name: str) -> list[str]:
         "--port": str(PORT),
         "--model": model_path(spec["model"]["source"]),
         "--served-model-name": spec["model"].get("servedModelName") or name,
-        "--dtype": _DTYPES[engine["dtype"]],
+        "--dtype": DTYPE_FLAGS[engine["dtype"]],
         "--block-size": str(engine["blockSize"]),
         "--max-num-seqs": str(engine["maxNumSeqs"]),
         "--max-num-batched-tokens": str(engine["maxNumBatchedTokens"]),

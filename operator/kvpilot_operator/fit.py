@@ -9,7 +9,8 @@ from lightkube.utils.quantity import parse_quantity
 from kvpilot_server.memory_model import GPU_MEMORY_MIB, KNOWN_MODELS, MiB, ModelShape, plan
 
 CPU_HEADROOM_BYTES = 1 << 30
-_DTYPES = {"Auto": None, "Float32": "float32", "BFloat16": "bfloat16", "Float16": "float16"}
+# spec.engine.dtype -> the server's --dtype; auto is float32 on CPU, bfloat16 on GPUs.
+DTYPE_FLAGS = {"Auto": "auto", "Float32": "float32", "BFloat16": "bfloat16", "Float16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class Fit:
 
 def _dtype(spec: dict) -> str:
     gpu = spec["resources"]["gpus"] > 0
-    return _DTYPES[spec["engine"]["dtype"]] or ("bfloat16" if gpu else "float32")
+    flag = DTYPE_FLAGS[spec["engine"]["dtype"]]
+    return flag if flag != "auto" else ("bfloat16" if gpu else "float32")
 
 
 def _max_len(spec: dict, shape: ModelShape) -> int:

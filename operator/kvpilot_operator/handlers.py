@@ -4,8 +4,6 @@ No finalizer is added (there is no on.delete handler): children carry owner refe
 with the garbage collector, so deleting a ModelDeployment never hangs when the operator is down.
 """
 
-import copy
-import datetime
 import os
 import threading
 from importlib.metadata import version
@@ -18,7 +16,7 @@ from kvpilot_operator.cluster import Cluster
 from kvpilot_operator.fit import Fit, check
 from kvpilot_operator.naming import selector_labels
 from kvpilot_operator.render import render
-from kvpilot_operator.status import changed, status
+from kvpilot_operator.status import changed, status, timestamp
 
 RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
 STATUS_INTERVAL_SECONDS = float(os.environ.get("KVPILOT_STATUS_INTERVAL_SECONDS", "10"))
@@ -36,10 +34,6 @@ def cluster() -> Cluster:
     global _cluster
     _cluster = _cluster or Cluster()
     return _cluster
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @kopf.on.startup()
@@ -64,7 +58,7 @@ def reconcile(body: kopf.Body, patch: kopf.Patch, name: str, namespace: str, **_
 
 
 def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
-    md = crd.with_defaults(copy.deepcopy(dict(body)))
+    md = crd.defaulted(body)
     fit = check(md["spec"])
     # A spec that cannot fit creates no pods that would only OOM; what runs keeps running.
     if fit.fits is not False:
@@ -85,7 +79,7 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
     backoff=RETRY_SECONDS,
 )
 def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    md = crd.with_defaults(copy.deepcopy(dict(body)))
+    md = crd.defaulted(body)
     report(body, md, check(md["spec"]), patch)
 
 
@@ -106,7 +100,7 @@ def report(body: kopf.Body, md: dict, fit: Fit, patch: kopf.Patch) -> None:
     name, namespace = md["metadata"]["name"], md["metadata"]["namespace"]
     deployment = cluster().get("Deployment", name, namespace)
     pods = cluster().pods(namespace, selector_labels(name))
-    new = status(md, deployment, pods, fit, _now())
+    new = status(md, deployment, pods, fit, timestamp())
     old_conditions = md.get("status", {}).get("conditions", [])
     for condition in changed(old_conditions, new["conditions"]):
         if not _first_to_post(md["metadata"]["uid"], condition):

@@ -5,6 +5,8 @@ an unschedulable pod, the kubelet's for an image that cannot be pulled, OOMKille
 server's own termination message when the model failed to load.
 """
 
+import datetime
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +16,12 @@ from kvpilot_operator.render import desired_replicas
 
 _IMAGE_PULL = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
 _CONFIG = {"CreateContainerConfigError", "CreateContainerError"}
+
+
+def timestamp(epoch: float | None = None) -> str:
+    """Kubernetes' time format, for an epoch time (default now)."""
+    moment = datetime.datetime.fromtimestamp(time.time() if epoch is None else epoch, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

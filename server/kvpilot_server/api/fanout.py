@@ -15,6 +15,13 @@ _END = object()
 
 async def merge(streams: list[AsyncGenerator[T, None]]) -> AsyncIterator[tuple[int, T]]:
     """Items of all streams as (position of its stream, item), in arrival order."""
+    if len(streams) == 1:  # the common case (n=1): no pump task, no queue hop per token
+        try:
+            async for item in streams[0]:
+                yield 0, item
+        finally:
+            await streams[0].aclose()
+        return
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncGenerator[T, None]) -> None:
