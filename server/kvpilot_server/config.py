@@ -21,6 +21,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     quantization: str = "none"
+    # int4 only: weights per scale and minimum. 32 by default: llama.cpp's Q4 block size, so
+    # a model converted from such a GGUF (the bundled one is Q4_1) is reproduced exactly.
+    quantization_group_size: int = 32
     kv_cache_dtype: str = "auto"
     seed: int = 0
 
@@ -39,15 +42,18 @@ class EngineConfig:
                 self.dtype in ("auto", "float32", "bfloat16", "float16"),
                 f"unknown dtype {self.dtype!r}",
             ),
-            # int4 and fp8 are named so deployments can ask for them; their kernels are not built.
             (
-                self.quantization in ("none", "int8"),
-                f"quantization {self.quantization!r} is not supported by this version (none, int8)",
+                self.quantization in ("none", "int8", "int4", "fp8"),
+                f"quantization {self.quantization!r} is not supported (none, int8, int4, fp8)",
             ),
             (
-                self.kv_cache_dtype == "auto",
-                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported by this version "
-                "(auto only)",
+                self.quantization_group_size in (32, 64, 128),
+                "quantization_group_size must be 32, 64 or 128",
+            ),
+            # fp8 also needs a capable GPU: checked once the device is known (engine/kv_cache.py).
+            (
+                self.kv_cache_dtype in ("auto", "int8", "fp8"),
+                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported (auto, int8, fp8)",
             ),
         ]
         for ok, message in rules:

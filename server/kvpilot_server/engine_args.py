@@ -16,8 +16,11 @@ _HELP = {
     "max_num_seqs": "most sequences in one step",
     "max_num_batched_tokens": "most tokens in one step (longer prompts are prefilled in chunks)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
-    "quantization": "weight quantization: none, or int8 (CPU, weight-only; int4, fp8 planned)",
-    "kv_cache_dtype": "KV cache precision: auto, the model dtype (int8, fp8 are planned)",
+    "quantization": "weight quantization: none, int8 or int4 (CPU, weight-only), "
+    "fp8 (CUDA, compute capability 8.9+)",
+    "quantization_group_size": "int4: weights per scale and minimum (32, 64 or 128)",
+    "kv_cache_dtype": "KV cache precision: auto (the model dtype), int8 (per-token-per-head "
+    "scales; ~4x the tokens of float32, ~2x of 16-bit) or fp8 (CUDA, compute capability 8.9+)",
     "seed": "seed for requests that bring none",
 }
 

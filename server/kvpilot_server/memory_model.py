@@ -1,9 +1,11 @@
 """How much memory a model needs and how many sequences its KV cache holds. Pure arithmetic:
 imports nothing heavy, so the operator can decide before creating pods whether a model fits.
 
-weights   = params in the linear layers x bytes per weight (quantization) + embeddings and
-            lm_head at the model dtype (they stay unquantized)
-kv/token  = 2 (K and V) x layers x kv_heads x head_dim x bytes per KV element
+weights   = params in the linear layers x bytes per weight (quantization; int4 adds a float32
+            scale and minimum per group) + embeddings and lm_head at the model dtype (they
+            stay unquantized)
+kv/token  = 2 (K and V) x layers x kv_heads x (head_dim x bytes per KV element
+            + a float32 scale when the KV cache is quantized: one per token per kv head)
 kv budget = (device memory - weights - runtime headroom) x kv fraction
 """
 
@@ -15,6 +17,8 @@ GiB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 WEIGHT_BYTES = {"none": None, "int8": 1.0, "int4": 0.5, "fp8": 1.0}  # None: the model dtype
 KV_BYTES = {"auto": None, "int8": 1, "fp8": 1}
+INT4_GROUP_SIZE = 32  # the engine's default
+KV_SCALE_BYTES = 4  # quantized KV: a float32 scale per token per kv head, for K and for V
 # Activations, CUDA context, allocator slack: kept free besides weights and KV cache.
 RUNTIME_HEADROOM_BYTES = 2 * GiB
 
@@ -113,16 +117,21 @@ class Plan:
         return self.sequences_at_max_len >= 1
 
 
-def weight_bytes(shape: ModelShape, dtype: str, quantization: str = "none") -> int:
+def weight_bytes(
+    shape: ModelShape, dtype: str, quantization: str = "none", group_size: int = INT4_GROUP_SIZE
+) -> int:
     full = DTYPE_BYTES[dtype]
     per_weight = WEIGHT_BYTES[quantization] or full
+    if quantization == "int4":
+        per_weight += 2 * 4 / group_size
     linear = shape.params - shape.embedding_params
     return int(linear * per_weight + shape.embedding_params * full)
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype: str, kv_cache_dtype: str = "auto") -> int:
-    element = KV_BYTES[kv_cache_dtype] or DTYPE_BYTES[dtype]
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * element
+    element = KV_BYTES[kv_cache_dtype]
+    per_head = shape.head_dim * (element or DTYPE_BYTES[dtype]) + (KV_SCALE_BYTES if element else 0)
+    return 2 * shape.layers * shape.kv_heads * per_head
 
 
 def plan(

@@ -49,6 +49,8 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     error: Exception | None = None  # set when this request failed on its own
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first.
+    prompt_logprobs: list[Sample | None] | None = None
 
     @property
     def usage(self) -> Usage:

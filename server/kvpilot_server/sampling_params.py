@@ -24,6 +24,9 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # None: off; k >= 0: chosen token plus k alternatives
+    # None: off; k >= 0: each prompt token's logprob plus k alternatives (turns off prefix
+    # caching for the request: a cached token is never run through the model)
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -53,6 +56,11 @@ class SamplingParams:
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
             (self.repetition_penalty > 0.0, "repetition_penalty", "must be positive"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]"),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                "prompt_logprobs",
+                "must be in [0, 20]",
+            ),
             (self.seed is None or -(2**63) <= self.seed < 2**64, "seed", "must fit in 64 bits"),
         ]
         for ok, name, rule in checks:

@@ -64,7 +64,7 @@ def test_serve_that_cannot_start_says_why_in_the_termination_message(tiny_dir, t
     # Kubernetes reads /dev/termination-log; the operator turns it into ModelLoadFailed.
     log = tmp_path / "termination-log"
     log.touch()
-    args = ["serve", "--model", str(tiny_dir("llama")), "--quantization", "int4"]
+    args = ["serve", "--model", str(tiny_dir("llama")), "--quantization", "fp8"]
     result = subprocess.run(
         [sys.executable, "-m", "kvpilot_server.cli", *args],
         capture_output=True,
@@ -74,4 +74,4 @@ def test_serve_that_cannot_start_says_why_in_the_termination_message(tiny_dir, t
         env={**os.environ, "KVPILOT_TERMINATION_LOG": str(log)},
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert log.read_text().startswith("ModelLoadFailed: quantization 'int4' is not supported")
+    assert log.read_text().startswith("ModelLoadFailed: fp8 weights need a CUDA GPU")

@@ -7,7 +7,8 @@ batch of decodes. Masks are explicit: SDPA's `is_causal` aligns the top-left cor
 wrong whenever the query is a later chunk of a longer context.
 
 Gathers write into a reusable workspace: a fresh tensor of tens of MB per layer would be
-mmapped and page-faulted on every call, which costs more than the copy itself.
+mmapped and page-faulted on every call, which costs more than the copy itself. A quantized
+cache (kv_cache.py) is gathered as bytes with its scales and dequantized there before SDPA.
 """
 
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+
+from kvpilot_server.engine.kv_cache import LayerCache, dequantize, raw_bytes
 
 
 @dataclass
@@ -48,18 +51,20 @@ class AttentionMetadata:
 
 
 class Workspace:
-    """Grow-only scratch buffers for gathered keys and values."""
+    """Grow-only scratch buffers for gathered keys and values, one per use (see `_gather`)."""
 
     def __init__(self) -> None:
-        self.buffers: list[torch.Tensor] = [torch.empty(0), torch.empty(0)]
+        self.buffers: dict[int, torch.Tensor] = {}
 
-    def view(self, which: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    def view(
+        self, which: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         numel = 1
         for dim in shape:
             numel *= dim
-        buf = self.buffers[which]
-        if buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
-            buf = self.buffers[which] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        buf = self.buffers.get(which)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
+            buf = self.buffers[which] = torch.empty(numel, dtype=dtype, device=device)
         return buf[:numel].view(shape)
 
 
@@ -78,45 +83,56 @@ def paged_attention(
     q: torch.Tensor,  # [N, heads, head_dim]
     k: torch.Tensor,  # [N, kv_heads, head_dim]
     v: torch.Tensor,
-    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
-    v_cache: torch.Tensor,
+    cache: LayerCache,
     meta: AttentionMetadata,
     workspace: Workspace,
 ) -> torch.Tensor:
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    cache.write(meta.slot_mapping, k, v, meta.kernel)
     if len(meta.decodes) == 1 and not meta.prefills:  # the common pure-decode step
-        return _decode(q, k_cache, v_cache, meta, meta.decodes[0], workspace)
+        return _decode(q, cache, meta, meta.decodes[0], workspace)
     out = torch.empty_like(q)
     for group in meta.decodes:
         rows = slice(group.start, group.end)
-        out[rows] = _decode(q[rows], k_cache, v_cache, meta, group, workspace)
+        out[rows] = _decode(q[rows], cache, meta, group, workspace)
     for chunk in meta.prefills:
-        out[chunk.start : chunk.end] = _prefill(q, k, v, k_cache, v_cache, chunk, workspace)
+        out[chunk.start : chunk.end] = _prefill(q, k, v, cache, chunk, workspace)
     return out
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Blocks of the cache, in block-id order, copied into `out` [len(ids), block_size, ...]."""
-    return torch.index_select(cache, 0, block_ids, out=out)
+def _gather(
+    cache: LayerCache, block_ids: torch.Tensor, workspace: Workspace, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V blocks in block-id order, [len(ids), block_size, kv_heads, head_dim] at `dtype`;
+    quantized blocks are gathered as bytes with their scales, then dequantized."""
+    shape, device = (block_ids.numel(), *cache.k.shape[1:]), cache.k.device
+    out = []  # workspace buffers: 0/1 K/V at `dtype`, 2/3 their raw bytes, 4/5 their scales
+    for which, (values, scales) in enumerate(((cache.k, cache.k_scale), (cache.v, cache.v_scale))):
+        dest = workspace.view(which, shape, dtype, device)
+        if scales is None:
+            out.append(torch.index_select(values, 0, block_ids, out=dest))
+            continue
+        raw = workspace.view(2 + which, shape, torch.uint8, device)
+        torch.index_select(raw_bytes(values), 0, block_ids, out=raw)
+        scale = workspace.view(4 + which, shape[:-1], scales.dtype, device)
+        torch.index_select(scales, 0, block_ids, out=scale)
+        out.append(dequantize(raw.view(values.dtype), scale, dest))
+    return out[0], out[1]
 
 
-def _decode(q, k_cache, v_cache, meta, group: DecodeGroup, workspace) -> torch.Tensor:
-    rows, (_, block_size, kv_heads, head_dim) = group.end - group.start, k_cache.shape
+def _decode(q, cache: LayerCache, meta, group: DecodeGroup, workspace) -> torch.Tensor:
+    rows, (_, block_size, kv_heads, head_dim) = group.end - group.start, cache.k.shape
     if meta.kernel is not None:
-        tables = group.block_ids.view(rows, group.blocks)
-        scale = head_dim**-0.5
-        window = meta.window or 0
-        return meta.kernel.paged_decode(
-            q.contiguous(), k_cache, v_cache, tables, group.context_lens, scale, window
+        q, tables = q.contiguous(), group.block_ids.view(rows, group.blocks)
+        lens, scale, window = group.context_lens, head_dim**-0.5, meta.window or 0
+        if cache.k_scale is None:
+            return meta.kernel.paged_decode(q, cache.k, cache.v, tables, lens, scale, window)
+        return meta.kernel.paged_decode_int8(
+            q, cache.k, cache.v, cache.k_scale, cache.v_scale, tables, lens, scale, window
         )
-    shape = (group.block_ids.numel(), block_size, kv_heads, head_dim)
     context = rows, group.blocks * block_size, kv_heads, head_dim
+    keys, values = _gather(cache, group.block_ids, workspace, q.dtype)
     # [kv_heads, rows, L, head_dim]: sequences play SDPA's "heads" and each kv head's query
     # group plays its "queries", so grouped-query attention needs no repeated keys.
-    keys = _gather(k_cache, group.block_ids, workspace.view(0, shape, k_cache))
-    values = _gather(v_cache, group.block_ids, workspace.view(1, shape, v_cache))
     keys = keys.view(context).permute(2, 0, 1, 3)
     values = values.view(context).permute(2, 0, 1, 3)
     queries = q.view(rows, kv_heads, -1, head_dim).transpose(0, 1)
@@ -124,20 +140,18 @@ def _decode(q, k_cache, v_cache, meta, group: DecodeGroup, workspace) -> torch.T
     return out.transpose(0, 1).reshape(rows, -1, head_dim)
 
 
-def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, workspace) -> torch.Tensor:
+def _prefill(q, k, v, cache: LayerCache, chunk: PrefillChunk, workspace) -> torch.Tensor:
     # 4-D inputs ([1, heads, n, head_dim]): with 3-D ones PyTorch's CPU SDPA takes its slow
     # math path (measured 4x slower for a 300-token prompt).
     query = q[chunk.start : chunk.end].transpose(0, 1)[None]
     if chunk.mask is None:
-        # No cached context: the chunk's own fresh K/V are the whole context.
+        # No cached context: the chunk's own fresh K/V are the whole context (unquantized,
+        # as in vLLM: quantization only touches what is read back from the cache).
         keys = k[chunk.start : chunk.end].transpose(0, 1)[None]
         values = v[chunk.start : chunk.end].transpose(0, 1)[None]
         out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=True)
     else:
-        _, block_size, kv_heads, head_dim = k_cache.shape
-        shape = (chunk.block_ids.numel(), block_size, kv_heads, head_dim)
-        keys = _gather(k_cache, chunk.block_ids, workspace.view(0, shape, k_cache))
-        values = _gather(v_cache, chunk.block_ids, workspace.view(1, shape, v_cache))
+        keys, values = _gather(cache, chunk.block_ids, workspace, q.dtype)
         keys = keys.flatten(0, 1)[: chunk.context_len].transpose(0, 1)[None]
         values = values.flatten(0, 1)[: chunk.context_len].transpose(0, 1)[None]
         out = F.scaled_dot_product_attention(

@@ -57,7 +57,7 @@ class BlockPool:
 
         The last token is never served from the cache: the model must run on it to produce logits.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         hits: list[int] = []
         parent = None

@@ -21,11 +21,11 @@ def load() -> ModuleType | None:
     return _build("kvpilot_paged_decode", "paged_decode.cpp")
 
 
-def load_int8() -> ModuleType | None:
-    """The weight-only int8 linear module (AVX2), or None when disabled or the build fails."""
+def load_weight_only() -> ModuleType | None:
+    """The weight-only int8/int4 linear module (AVX2), or None when disabled or the build fails."""
     if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
         return None
-    return _build("kvpilot_int8_linear", "int8_linear.cpp")
+    return _build("kvpilot_weight_only", "weight_only.cpp")
 
 
 @functools.cache

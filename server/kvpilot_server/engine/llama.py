@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvpilot_server.engine.attention import AttentionMetadata, Workspace, paged_attention
+from kvpilot_server.engine.kv_cache import LayerCache
 from kvpilot_server.engine.linear import linear
 from kvpilot_server.engine.model_config import ModelConfig
 
@@ -52,7 +53,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x, cos, sin, kv_cache, metas: dict[int | None, AttentionMetadata], ws):
+    def forward(
+        self, x, cos, sin, kv_cache: LayerCache, metas: dict[int | None, AttentionMetadata], ws
+    ):
         qkv = self.qkv_proj(x).view(-1, self.heads + 2 * self.kv_heads, self.head_dim)
         qk, v = qkv.split((self.heads + self.kv_heads, self.kv_heads), dim=1)
         if self.q_norm is not None:
@@ -60,7 +63,7 @@ class Attention(nn.Module):
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
         # One rotation for queries and keys together: half the ops of rotating each.
         q, k = rotate(qk, cos, sin).split((self.heads, self.kv_heads), dim=1)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], metas[self.window], ws)
+        out = paged_attention(q, k, v, kv_cache, metas[self.window], ws)
         return self.o_proj(out.flatten(1))
 
 
@@ -106,7 +109,7 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,  # [N]
         cos: torch.Tensor,  # [N, 1, head_dim], already indexed by position
         sin: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[LayerCache],
         metas: dict[int | None, AttentionMetadata],
         logits_rows: torch.Tensor,  # rows whose next-token logits are needed
     ) -> torch.Tensor:

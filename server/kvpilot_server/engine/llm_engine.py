@@ -14,14 +14,11 @@ from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from kvpilot_server.config import EngineConfig
+from kvpilot_server.engine import kv_cache
 from kvpilot_server.engine.block_pool import BlockPool
 from kvpilot_server.engine.detokenizer import Detokenizer
 from kvpilot_server.engine.loader import load_model
-from kvpilot_server.engine.model_runner import (
-    ModelRunner,
-    allocate_kv_cache,
-    kv_bytes_per_block,
-)
+from kvpilot_server.engine.model_runner import ModelRunner
 from kvpilot_server.engine.quant import quantize
 from kvpilot_server.engine.request import Request
 from kvpilot_server.engine.sampler import Sampler
@@ -56,7 +53,7 @@ class LLMEngine:
         self.device = _device(config.device)
         path = self.model_path = resolve_model(config.model)
         self.model = load_model(path, _dtype(config.dtype, self.device), self.device)
-        quantize(self.model, config.quantization, self.device)
+        quantize(self.model, config.quantization, self.device, config.quantization_group_size)
         self.tokenizer: PreTrainedTokenizerBase = _tokenizer(path)
         cfg = self.model.cfg
         if config.max_model_len is None:
@@ -66,7 +63,7 @@ class LLMEngine:
         config.check_against_model(cfg.max_position_embeddings, num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.pool)
-        cache = allocate_kv_cache(self.model, num_blocks, config.block_size)
+        cache = kv_cache.allocate(self.model, num_blocks, config.block_size, config.kv_cache_dtype)
         self.runner = ModelRunner(
             self.model, cache, config.block_size, self.max_model_len, self._cpu_kernel()
         )
@@ -74,7 +71,9 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
 
     def _num_blocks(self) -> int:
-        per_block = kv_bytes_per_block(self.model, self.config.block_size)
+        per_block = kv_cache.bytes_per_block(
+            self.model, self.config.block_size, self.config.kv_cache_dtype
+        )
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free * self.config.kv_cache_memory_fraction) // per_block
@@ -119,6 +118,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             metrics=RequestMetrics(arrival_time=seq.arrival_time),
             logprobs=[] if params.logprobs is not None else None,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
         )
         self.scheduler.add(seq)
 
@@ -181,11 +181,16 @@ class LLMEngine:
             metrics = self.requests[seq.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         try:
-            logits, sampling = self.runner.run(batch)
+            logits, sampling, prompt_rows = self.runner.run(batch)
             for seq, n in batch.items():
                 seq.num_computed_tokens += n
                 self.pool.commit_full_blocks(seq)
-            samples = self.sampler.sample(logits, sampling)
+            samples = self.sampler.sample(logits[: len(sampling)], sampling)
+            for seq, rows, first in prompt_rows:
+                targets = seq.token_ids[first : first + rows.stop - rows.start]
+                k = seq.params.prompt_logprobs or 0
+                found = self.sampler.prompt_logprobs(logits[rows], targets, k)
+                self.requests[seq.request_id].add_prompt_logprobs(first, found)
         except Exception as exc:  # the whole step failed: fail its requests, keep serving
             log.exception("engine step failed; failing %d requests", len(batch))
             return [self._fail(self.requests[s.request_id], exc) for s in batch]

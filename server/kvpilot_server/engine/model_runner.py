@@ -10,31 +10,14 @@ from kvpilot_server.engine.attention import (
     PrefillChunk,
     visible_keys,
 )
+from kvpilot_server.engine.kv_cache import KVCache
 from kvpilot_server.engine.llama import LlamaForCausalLM
 from kvpilot_server.engine.model_config import rope_tables
 from kvpilot_server.engine.sequence import Sequence
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+# (sequence, rows of the logits, position of the prompt token the first row predicts)
+PromptRows = tuple[Sequence, slice, int]
 _MIN_GROUP_LEN = 64  # contexts shorter than this are cheap: one group holds them all
-
-
-def allocate_kv_cache(model: LlamaForCausalLM, num_blocks: int, block_size: int) -> KVCache:
-    cfg, param = model.cfg, model.embed_tokens.weight
-    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    # Zeros, not empty: padded decode rows read unused slots, and 0 * NaN would poison them.
-    return [
-        (
-            torch.zeros(shape, dtype=param.dtype, device=param.device),
-            torch.zeros(shape, dtype=param.dtype, device=param.device),
-        )
-        for _ in range(cfg.num_layers)
-    ]
-
-
-def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int) -> int:
-    cfg = model.cfg
-    itemsize = model.embed_tokens.weight.element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
 
 
 class ModelRunner:
@@ -57,19 +40,35 @@ class ModelRunner:
         self.kernel = kernel
 
     @torch.inference_mode()
-    def run(self, batch: dict[Sequence, int]) -> tuple[torch.Tensor, list[Sequence]]:
-        """Logits for every sequence whose last token is computed in this step, in order."""
+    def run(
+        self, batch: dict[Sequence, int]
+    ) -> tuple[torch.Tensor, list[Sequence], list[PromptRows]]:
+        """Logits for every sequence whose last token is computed in this step, in order, then
+        the rows of prompt tokens whose logprobs were asked for (see PromptRows)."""
         # Decodes first, shortest context first, so that similar lengths share a padded group.
         ordered = sorted(batch.items(), key=lambda item: (item[1] != 1, len(item[0])))
         ids, positions, slots, rows, sampling = [], [], [], [], []
+        prompt_rows, extra_rows = [], []
         for seq, n in ordered:
             start = seq.num_computed_tokens
+            first_row = len(ids)
             ids.extend(seq.token_ids[start : start + n])
             positions.extend(range(start, start + n))
             slots.extend(self._slot(seq, p) for p in range(start, start + n))
             if start + n == len(seq):
                 rows.append(len(ids) - 1)
                 sampling.append(seq)
+            # The row at position p predicts token p + 1: rows before the prompt's last token.
+            count = min(start + n, seq.num_prompt_tokens - 1) - start
+            if seq.params.prompt_logprobs is not None and count > 0:
+                offset = len(extra_rows)
+                prompt_rows.append((seq, slice(offset, offset + count), start + 1))
+                extra_rows.extend(range(first_row, first_row + count))
+        prompt_rows = [
+            (seq, slice(len(rows) + s.start, len(rows) + s.stop), first)
+            for seq, s, first in prompt_rows
+        ]
+        rows.extend(extra_rows)
         pos = torch.tensor(positions, device=self.device)
         metas = {
             w: self._metadata(ordered, torch.tensor(slots, device=self.device), w)
@@ -83,7 +82,7 @@ class ModelRunner:
             metas,
             torch.tensor(rows, device=self.device, dtype=torch.long),
         )
-        return logits, sampling
+        return logits, sampling, prompt_rows
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + (

@@ -1,22 +1,47 @@
 """Weight quantization of the decoder's linear layers, applied after loading; embeddings and
 lm_head stay in the model dtype.
 
-int8 (CPU): weight-only, symmetric per output channel; activations stay float32. Decode-sized
-batches (up to 8 rows) run our AVX2 kernel (csrc/int8_linear.cpp, measured 2.2-2.9x faster than
-the float32 path at batch 1 on SmolLM2's matrices), larger ones dequantize and use `linear`.
-Not fbgemm's dynamic int8: it quantizes activations per tensor, and SmolLM2's activation
-outliers (absmax 6.1 vs median 0.017) wreck it (1.6% greedy agreement with float32, measured).
+int8 and int4: weight-only, activations stay in the model dtype. int8 is symmetric per output
+channel; int4 is asymmetric per group of inputs (a scale and a minimum every 32, 64 or 128
+weights). On CPU in float32, decode-sized batches run our AVX2 kernels (csrc/weight_only.cpp);
+larger batches, and every batch elsewhere (CUDA), expand the weight into one buffer shared by
+the model's layers and run an ordinary matmul.
+Not torch's packed int4 CPU matmul: measured 8.7x slower than float32 at one row here. Not
+fbgemm's dynamic int8: it quantizes activations per tensor, and SmolLM2's activation outliers
+(absmax 6.1 vs median 0.017) wreck it (1.6% greedy agreement with float32, measured).
+
+fp8 (CUDA, compute capability >= 8.9): e4m3 weights with a scale per output channel, activations
+quantized per row at run time, one `torch._scaled_mm`.
 """
 
+import logging
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kvpilot_server.engine import cpu_kernels
+from kvpilot_server.engine.linear import linear
 from kvpilot_server.errors import ConfigError
 
-SUPPORTED = ("none", "int8")
-KERNEL_MAX_ROWS = 8  # measured: the kernel wins up to here, dequantize + linear beyond
+log = logging.getLogger(__name__)
+SUPPORTED = ("none", "int8", "int4", "fp8")
+GROUP_SIZES = (32, 64, 128)
+KERNEL_MAX_ROWS = 16  # measured on SmolLM2's matrices: the kernels win up to here
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+class DenseBuffer:
+    """One grow-only buffer per model, in the model dtype: batches the kernels do not serve
+    expand a layer's weight into it. A fresh tensor per call would be mmapped and page-faulted
+    every time (measured 5 ms for a 1536x576 weight, against 0.2 ms into a reused buffer)."""
+
+    def __init__(self, like: torch.Tensor) -> None:
+        self.data = torch.empty(0, dtype=like.dtype, device=like.device)
+
+    def view(self, rows: int, cols: int) -> torch.Tensor:
+        if self.data.numel() < rows * cols:
+            self.data = torch.empty(rows * cols, dtype=self.data.dtype, device=self.data.device)
+        return self.data[: rows * cols].view(rows, cols)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,37 +52,176 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale
 
 
-class Int8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear) -> None:
+def quantize_int4(
+    weight: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(packed uint8 [out, in/2], scale and minimum [out, in/group]) with
+    weight ~= q * scale + minimum per group, q in [0, 15]. Within each 16-weight chunk byte k
+    holds weight k (low nibble) and weight k + 8 (high nibble): the layout the kernel unpacks."""
+    out_features, in_features = weight.shape
+    groups = weight.detach().float().view(out_features, in_features // group, group)
+    low, high = groups.amin(dim=2), groups.amax(dim=2)
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    chunks = q.view(out_features, in_features // 16, 2, 8)
+    packed = chunks[:, :, 0] | (chunks[:, :, 1] << 4)
+    return packed.reshape(out_features, in_features // 2).contiguous(), scale, low
+
+
+def dequantize_int4(
+    packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int
+) -> torch.Tensor:
+    """The float32 weight an int4 one stands for (the reference the kernel is tested against)."""
+    out_features = packed.shape[0]
+    chunks = packed.view(out_features, -1, 1, 8)
+    q = torch.cat((chunks & 0x0F, chunks >> 4), dim=2).view(out_features, -1, group)
+    return (q.float() * scale[..., None] + minimum[..., None]).view(out_features, -1)
+
+
+class WeightOnlyLinear(nn.Module):
+    """Shared forward of int8 and int4: the CPU kernel for few rows (float32 on CPU), else expand
+    the weight into the model's buffer and run an ordinary matmul. The second path is all
+    there is on CUDA in this version: it saves the memory, not the time."""
+
+    def __init__(self, linear: nn.Linear, buffer: DenseBuffer) -> None:
         super().__init__()
+        weight = linear.weight
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+        self.buffer = buffer
+        on_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32
+        self.kernel = cpu_kernels.load_weight_only() if on_cpu else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if self.kernel is not None and rows.shape[0] <= KERNEL_MAX_ROWS:
+            out = self.matmul(rows)
+        else:
+            dense = self.buffer.view(self.out_features, self.in_features)
+            self.expand(dense)
+            out = linear(rows, dense, self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def expand(self, dense: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+class Int8Linear(WeightOnlyLinear):
+    def __init__(self, linear: nn.Linear, buffer: DenseBuffer) -> None:
+        super().__init__(linear, buffer)
         weight, scale = quantize_int8(linear.weight)
         self.register_buffer("weight", weight)
         self.register_buffer("scale", scale)
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.register_buffer("bias", bias)
-        self.kernel = cpu_kernels.load_int8()
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.kernel.int8_linear(rows, self.weight, self.scale, self.bias)
+
+    def expand(self, dense: torch.Tensor) -> None:
+        if self.kernel is not None:
+            self.kernel.int8_dequantize(self.weight, self.scale, dense)
+        else:  # in place: an out= multiply refuses to round float32 into bfloat16
+            dense.copy_(self.weight).mul_(self.scale[:, None])
+
+
+class Int4Linear(WeightOnlyLinear):
+    def __init__(self, linear: nn.Linear, buffer: DenseBuffer, group: int) -> None:
+        super().__init__(linear, buffer)
+        self.group = group
+        weight, scale, minimum = quantize_int4(linear.weight, group)
+        self.register_buffer("weight", weight)
+        self.register_buffer("scale", scale)
+        self.register_buffer("minimum", minimum)
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        args = self.weight, self.scale, self.minimum, self.group
+        return self.kernel.int4_linear(rows, *args, self.bias)
+
+    def expand(self, dense: torch.Tensor) -> None:
+        if self.kernel is not None:
+            self.kernel.int4_dequantize(self.weight, self.scale, self.minimum, self.group, dense)
+        else:
+            dense.copy_(dequantize_int4(self.weight, self.scale, self.minimum, self.group))
+
+
+class Fp8Linear(nn.Module):
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scale = (weight.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
+        self.register_buffer("weight", (weight / scale[:, None]).to(torch.float8_e4m3fn))
+        self.register_buffer("scale", scale[None, :].contiguous())  # [1, out], as _scaled_mm wants
+        self.bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if self.kernel is not None and rows.shape[0] <= KERNEL_MAX_ROWS:
-            out = self.kernel.int8_linear(rows, self.weight, self.scale, self.bias)
-        else:
-            dense = self.weight.float() * self.scale[:, None]
-            out = F.linear(rows, dense, self.bias)
+        # Per-row activation scales: one outlier token does not flatten every other row.
+        row_scale = (rows.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
+        q = (rows.float() / row_scale).to(torch.float8_e4m3fn)
+        out = torch._scaled_mm(
+            q, self.weight.t(), scale_a=row_scale, scale_b=self.scale, out_dtype=x.dtype
+        )
+        if self.bias is not None:
+            out = out + self.bias
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
-def quantize(model: nn.Module, method: str, device: torch.device) -> None:
+def check(method: str, group: int, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse at start what cannot run here, in words."""
+    if method not in SUPPORTED:
+        raise ConfigError(f"quantization {method!r} is not supported (one of {SUPPORTED})")
+    if method in ("int8", "int4") and (device.type != "cpu" or dtype != torch.float32):
+        log.warning(
+            "%s weights on %s in %s expand each layer per call: the memory is saved, decoding "
+            "is slower than unquantized in this version (the fast kernels are CPU float32)",
+            method,
+            device,
+            dtype,
+        )
+    if method == "fp8":
+        capable = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+        if not capable:
+            raise ConfigError(
+                f"fp8 weights need a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper); "
+                f"this device is {device}: use int8 or int4 on CPU, or none"
+            )
+    if method == "int4" and group not in GROUP_SIZES:
+        raise ConfigError(f"int4 group size must be one of {GROUP_SIZES}, not {group}")
+
+
+def quantize(model: nn.Module, method: str, device: torch.device, group: int = 32) -> None:
     """Replace the decoder layers' linear modules in place."""
+    check(method, group, device, model.embed_tokens.weight.dtype)
     if method == "none":
         return
-    if method not in SUPPORTED:
-        raise ConfigError(f"quantization {method!r} is not supported by this version {SUPPORTED}")
-    if device.type != "cpu" or model.embed_tokens.weight.dtype != torch.float32:
-        raise ConfigError("int8 runs on CPU in float32 in this version; on CUDA use none")
-    for layer in model.layers:
-        attention, mlp = layer.self_attn, layer.mlp
-        attention.qkv_proj = Int8Linear(attention.qkv_proj)
-        attention.o_proj = Int8Linear(attention.o_proj)
-        mlp.gate_up_proj = Int8Linear(mlp.gate_up_proj)
-        mlp.down_proj = Int8Linear(mlp.down_proj)
+    layers = [
+        (owner, name)
+        for layer in model.layers
+        for owner, name in [
+            (layer.self_attn, "qkv_proj"),
+            (layer.self_attn, "o_proj"),
+            (layer.mlp, "gate_up_proj"),
+            (layer.mlp, "down_proj"),
+        ]
+    ]
+    for owner, name in layers:  # every check before any change: never a half-quantized model
+        inputs = getattr(owner, name).in_features
+        if method == "int4" and inputs % group:
+            fits = [g for g in GROUP_SIZES if inputs % g == 0]
+            raise ConfigError(
+                f"int4 group size {group} does not divide {name}'s {inputs} inputs; "
+                f"choose one of {fits}"
+            )
+    buffer = DenseBuffer(model.embed_tokens.weight)
+    for owner, name in layers:
+        setattr(owner, name, _quantized(getattr(owner, name), method, buffer, group))
+
+
+def _quantized(dense: nn.Linear, method: str, buffer: DenseBuffer, group: int) -> nn.Module:
+    if method == "int8":
+        return Int8Linear(dense, buffer)
+    if method == "int4":
+        return Int4Linear(dense, buffer, group)
+    return Fp8Linear(dense)

@@ -19,6 +19,7 @@ class Request:
     max_model_len: int
     metrics: RequestMetrics
     logprobs: list[Sample] | None = None
+    prompt_logprobs: list[Sample | None] | None = None
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     error: Exception | None = None
@@ -46,6 +47,13 @@ class Request:
             self.finish("stop", token)
         elif seq.num_output_tokens >= seq.max_tokens or len(seq) >= self.max_model_len:
             self.finish("length")
+
+    def add_prompt_logprobs(self, first_position: int, samples: list[Sample]) -> None:
+        """Logprobs of prompt tokens from `first_position` on. A preempted request recomputes
+        its prompt: what is already recorded is kept, not repeated."""
+        assert self.prompt_logprobs is not None
+        skip = len(self.prompt_logprobs) - first_position
+        self.prompt_logprobs.extend(samples[max(0, skip) :])
 
     def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
         if self.seq.finish_reason is not None:
@@ -81,4 +89,5 @@ class Request:
             metrics=self.metrics,
             num_cached_tokens=seq.num_cached_tokens,
             error=self.error,
+            prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
         )

@@ -73,6 +73,23 @@ class Sampler:
         return self.seeded[seq.seq_id]
 
     @staticmethod
+    def prompt_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[Sample]:
+        """Each row's logprob of the prompt token that follows it, plus its k best."""
+        logprobs = torch.log_softmax(logits.float().cpu(), dim=-1)
+        chosen = logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        top = torch.topk(logprobs, k) if k else None
+        return [
+            Sample(
+                token,
+                value,
+                list(zip(top.indices[i].tolist(), top.values[i].tolist(), strict=True))
+                if top
+                else [],
+            )
+            for i, (token, value) in enumerate(zip(tokens, chosen, strict=True))
+        ]
+
+    @staticmethod
     def _with_logprobs(logits: torch.Tensor, token: int, seq: Sequence) -> Sample:
         k = seq.params.logprobs
         if k is None:

@@ -11,6 +11,7 @@ from kvpilot_server.engine.attention import (
     paged_attention,
     visible_keys,
 )
+from kvpilot_server.engine.kv_cache import LayerCache
 
 kernel = cpu_kernels.load()
 
@@ -46,5 +47,5 @@ def test_kernel_matches_reference(block_size, window, head_dim):
     for use_kernel in (False, True):
         kc, vc = caches[0].clone(), caches[1].clone()
         meta = _decode_meta(tables, lens, block_size, window, use_kernel)
-        outs.append(paged_attention(q, k, v, kc, vc, meta, Workspace()))
+        outs.append(paged_attention(q, k, v, LayerCache(kc, vc), meta, Workspace()))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)

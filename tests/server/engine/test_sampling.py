@@ -1,8 +1,11 @@
-"""Sampling: seeds independent of the batch, top-k=1 is greedy, stops, penalties, logprobs."""
+"""Sampling: seeds independent of the batch, top-k=1 is greedy, stops, penalties, logprobs,
+prompt logprobs."""
 
+import pytest
 import torch
 
-from kvpilot_server import SamplingParams
+from kvpilot_server import LLM, SamplingParams
+from kvpilot_server.errors import InvalidRequestError
 
 
 def test_seeded_request_samples_the_same_tokens_whatever_the_batch(tiny_llm, corpus_ids):
@@ -100,3 +103,29 @@ def test_extreme_settings_sample_without_failing_their_neighbours(tiny_llm, corp
     outs = tiny_llm.generate([prompt] * 3, [extreme, tiny_temperature, greedy])
     assert [o.outputs[0].finish_reason for o in outs] == ["length"] * 3
     assert outs[1].outputs[0].token_ids == outs[2].outputs[0].token_ids
+
+
+def test_prompt_logprobs_match_the_model_through_chunks_and_the_prefix_cache(tiny_dir, corpus_ids):
+    from transformers import AutoModelForCausalLM
+
+    # A 40-token budget prefills the 70-token prompts in chunks, three at once.
+    llm = LLM(str(tiny_dir("llama")), kv_cache_bytes=16 << 20, max_num_batched_tokens=40)
+    prompt = corpus_ids[:70]
+    llm.generate(prompt, SamplingParams(max_tokens=1))  # the prompt's blocks are now cached
+    params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=2)
+    outputs = llm.generate([prompt] * 3, params)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dir("llama"), dtype=torch.float32)
+    with torch.inference_mode():
+        expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0], dim=-1)
+    for out in outputs:
+        found = out.prompt_logprobs
+        assert len(found) == len(prompt) and found[0] is None  # as vLLM: nothing predicts token 0
+        assert out.num_cached_tokens == 0  # cached tokens would have no logits
+        for position, sample in enumerate(found[1:], start=1):
+            assert sample.token_id == prompt[position]
+            want = float(expected[position - 1, prompt[position]])
+            torch.testing.assert_close(sample.logprob, want, atol=1e-4, rtol=1e-4)
+            top = torch.topk(expected[position - 1], 2).indices.tolist()
+            assert [t for t, _ in sample.top_logprobs] == top
+    with pytest.raises(InvalidRequestError, match="prompt_logprobs must be in"):
+        SamplingParams(prompt_logprobs=21)

@@ -1,0 +1,186 @@
+// Weight-only quantized linear layers on x86 with AVX2/FMA: y = x W^T (+ bias), where W is
+// stored as int8 (one scale per output row) or int4 (a scale and a minimum per group of inputs).
+//
+// Decode is memory-bound: int8 weights are a quarter of the bytes of float32 ones, int4 an
+// eighth. Activations stay float32, so there is no activation quantization error (LLM
+// activations have outliers that per-tensor int8 activations cannot represent). Each 16-weight
+// chunk is widened to float once and used for up to eight input rows held in registers; output
+// rows are split across OpenMP threads. Large batches (prefill) are compute-bound: for them
+// `dequantize` writes the float weight into a caller's buffer for one ordinary matmul.
+#include <torch/extension.h>
+#include <immintrin.h>
+
+#include <algorithm>
+
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+
+// int8, symmetric per output row: w[o, i] = q[o, i] * scale[o]. The scale is applied once per
+// output, after the dot product.
+struct Int8Weights {
+  const int8_t* q;
+  const float* scale;
+  int64_t in;
+
+  void load(int64_t o, int64_t i, __m256& lo, __m256& hi) const {
+    __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + o * in + i));
+    lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(packed));
+    hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(packed, 8)));
+  }
+  float at(int64_t o, int64_t i) const { return static_cast<float>(q[o * in + i]); }
+  float row_scale(int64_t o) const { return scale[o]; }
+};
+
+// int4, asymmetric per group: w[o, i] = q * scale[o, g] + minimum[o, g], q in [0, 15]. In each
+// 16-weight chunk byte k holds weight k in its low nibble and weight k + 8 in its high one, so
+// one mask and one shift unpack a chunk. Groups are multiples of 16, so a chunk has one scale.
+struct Int4Weights {
+  const uint8_t* q;
+  const float* scale;
+  const float* minimum;
+  int64_t in, group;
+
+  void load(int64_t o, int64_t i, __m256& lo, __m256& hi) const {
+    __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + (o * in + i) / 2));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    __m128i low = _mm_and_si128(packed, mask);
+    __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    const int64_t g = o * (in / group) + i / group;
+    const __m256 s = _mm256_set1_ps(scale[g]), m = _mm256_set1_ps(minimum[g]);
+    lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(low)), s, m);
+    hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(high)), s, m);
+  }
+  float at(int64_t, int64_t) const { return 0.0f; }  // never called: in % 16 == 0
+  float row_scale(int64_t) const { return 1.0f; }
+};
+
+// R input rows against one output row; R is a template argument so the accumulators stay in
+// registers.
+template <int R, typename W>
+void dot_rows(const W& w, int64_t o, const float* x, int64_t in, float* sums) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= in; i += 16) {
+    __m256 lo, hi;
+    w.load(o, i, lo, hi);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + r * in + i), acc[r]);
+      acc[r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + r * in + i + 8), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    sums[r] = hsum(acc[r]);
+    for (int64_t j = i; j < in; ++j) sums[r] += x[r * in + j] * w.at(o, j);
+  }
+}
+
+constexpr int kBlock = 8;  // input rows per pass: 8 accumulators + 2 weight registers of 16
+
+template <typename W>
+torch::Tensor matmul(const W& w, const torch::Tensor& x_in, int64_t out,
+                     const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32, "x: 2-D float32");
+  auto x = x_in.contiguous();
+  const int64_t rows = x.size(0), in = x.size(1);
+  auto y = torch::empty({rows, out}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < out; ++o) {
+    float sums[kBlock];
+    for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+      const float* xr = xp + r0 * in;
+      switch (std::min<int64_t>(kBlock, rows - r0)) {
+        case 1: dot_rows<1>(w, o, xr, in, sums); break;
+        case 2: dot_rows<2>(w, o, xr, in, sums); break;
+        case 3: dot_rows<3>(w, o, xr, in, sums); break;
+        case 4: dot_rows<4>(w, o, xr, in, sums); break;
+        case 5: dot_rows<5>(w, o, xr, in, sums); break;
+        case 6: dot_rows<6>(w, o, xr, in, sums); break;
+        case 7: dot_rows<7>(w, o, xr, in, sums); break;
+        default: dot_rows<8>(w, o, xr, in, sums); break;
+      }
+      const int64_t n = std::min<int64_t>(kBlock, rows - r0);
+      for (int64_t r = 0; r < n; ++r)
+        yp[(r0 + r) * out + o] = sums[r] * w.row_scale(o) + (bp ? bp[o] : 0.0f);
+    }
+  }
+  return y;
+}
+
+template <typename W>
+void expand(const W& w, int64_t out, int64_t in, torch::Tensor& dense) {
+  TORCH_CHECK(dense.scalar_type() == torch::kFloat32 && dense.is_contiguous() &&
+                  dense.numel() == out * in, "dense: contiguous float32 [out, in]");
+  float* dp = dense.data_ptr<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < out; ++o) {
+    const __m256 s = _mm256_set1_ps(w.row_scale(o));
+    float* row = dp + o * in;
+    int64_t i = 0;
+    for (; i + 16 <= in; i += 16) {
+      __m256 lo, hi;
+      w.load(o, i, lo, hi);
+      _mm256_storeu_ps(row + i, _mm256_mul_ps(lo, s));
+      _mm256_storeu_ps(row + i + 8, _mm256_mul_ps(hi, s));
+    }
+    for (; i < in; ++i) row[i] = w.at(o, i) * w.row_scale(o);
+  }
+}
+
+Int8Weights int8_weights(const torch::Tensor& q, const torch::Tensor& scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.is_contiguous(), "q: contiguous int8");
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.numel() == q.size(0), "scale");
+  return {q.data_ptr<int8_t>(), scale.data_ptr<float>(), q.size(1)};
+}
+
+Int4Weights int4_weights(const torch::Tensor& q, const torch::Tensor& scale,
+                         const torch::Tensor& minimum, int64_t group) {
+  TORCH_CHECK(q.scalar_type() == torch::kUInt8 && q.is_contiguous(), "q: contiguous uint8");
+  const int64_t in = q.size(1) * 2;
+  TORCH_CHECK(group % 16 == 0 && in % group == 0, "group: a multiple of 16 dividing in");
+  const int64_t groups = q.size(0) * (in / group);
+  TORCH_CHECK(scale.is_contiguous() && scale.numel() == groups, "scale: one per group");
+  TORCH_CHECK(minimum.is_contiguous() && minimum.numel() == groups, "minimum: one per group");
+  return {q.data_ptr<uint8_t>(), scale.data_ptr<float>(), minimum.data_ptr<float>(), in, group};
+}
+
+}  // namespace
+
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
+                          c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.size(1) == q.size(1), "x and q: in features differ");
+  return matmul(int8_weights(q, scale), x, q.size(0), bias);
+}
+
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
+                          torch::Tensor minimum, int64_t group,
+                          c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.size(1) == q.size(1) * 2, "x and q: in features differ");
+  return matmul(int4_weights(q, scale, minimum, group), x, q.size(0), bias);
+}
+
+void int8_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor dense) {
+  expand(int8_weights(q, scale), q.size(0), q.size(1), dense);
+}
+
+void int4_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor minimum,
+                     int64_t group, torch::Tensor dense) {
+  expand(int4_weights(q, scale, minimum, group), q.size(0), q.size(1) * 2, dense);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int8_linear", &int8_linear, "weight-only int8 linear (AVX2)");
+  m.def("int4_linear", &int4_linear, "weight-only group-wise int4 linear (AVX2)");
+  m.def("int8_dequantize", &int8_dequantize, "int8 weight -> float32, into a given buffer");
+  m.def("int4_dequantize", &int4_dequantize, "int4 weight -> float32, into a given buffer");
+}
