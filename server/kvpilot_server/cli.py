@@ -77,6 +77,17 @@ def main(argv: list[str] | None = None) -> int:
 
     add_plan_args(plan)
 
+    evaluate = commands.add_parser(
+        "eval",
+        help="measure what quantization costs: perplexity, agreement, speed, memory",
+        description="Compare weight and KV cache precisions on one model, each config in a "
+        "fresh process: perplexity on held-out text, greedy agreement with the unquantized "
+        "model, tokens/s at batch 1 and 32, peak resident memory. Prints a table or JSON.",
+    )
+    from kvpilot_server.evaluate import add_eval_args
+
+    add_eval_args(evaluate)
+
     operator = commands.add_parser(
         "operator",
         help="run the Kubernetes operator for ModelDeployments",
@@ -101,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvpilot_operator.main import run_operator
 
         return run_operator(args)
+    if args.command == "eval":
+        from kvpilot_server.evaluate import run_eval
+
+        return run_eval(args)
     if args.command == "generate":
         from kvpilot_server.generate import run_generate
 

@@ -1,0 +1,287 @@
+"""`kvpilot eval`: what a weight or KV cache precision costs on a model, in one command.
+
+Each config runs in a fresh process, so its peak resident memory is its own. Per config:
+perplexity on held-out natural text, greedy agreement with the baseline (the model dtype, no
+quantization: teacher-forced, the share of the baseline's own greedy tokens that the config
+also ranks first after the same prefix), decode tokens/s at batch 1, output tokens/s at batch
+32, peak resident memory, weight and KV cache bytes. The KV cache holds the same number of
+tokens in every config, so its bytes show what a cache precision saves.
+
+The text is read at run time from what is installed (Python's own documentation, prose
+paragraphs only), or from --text; nothing is copied into the repository.
+"""
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PROMPT_TOKENS = 64  # agreement and speed prompts
+SPEED_BATCH = 32
+QUALITY_CHUNK = 64  # tokens per prefill step in the quality passes
+
+
+@dataclass
+class Job:
+    model: str
+    quantization: str
+    kv_cache_dtype: str
+    group_size: int
+    device: str
+    text: str
+    tokens: int  # perplexity: the text's first `tokens` tokens
+    window: int  # ... in windows of this many
+    prompts: int  # agreement: prompts after the perplexity span
+    new_tokens: int
+    speed_tokens: int  # 0: no speed measurement
+    kv_cache_tokens: int
+    continuations: list[list[int]] | None = None  # the baseline's; None: this is the baseline
+
+    @property
+    def name(self) -> str:
+        kv = "" if self.kv_cache_dtype == "auto" else f"+kv-{self.kv_cache_dtype}"
+        group = f"-g{self.group_size}" if self.quantization == "int4" else ""
+        return f"{self.quantization}{group}{kv}"
+
+
+def default_text() -> str:
+    """Prose paragraphs of the Python reference documentation that ships with every CPython."""
+    from pydoc_data.topics import topics
+
+    paragraphs = [p for key in sorted(topics) for p in topics[key].split("\n\n")]
+    prose = [
+        " ".join(p.split())
+        for p in paragraphs
+        if len(p) > 200 and not p[0].isspace() and "::=" not in p and ">>>" not in p
+    ]
+    return "\n\n".join(prose)
+
+
+def parse_configs(spec: str, kv_default: str, group_default: int) -> list[tuple[str, int, str]]:
+    """'none,int8,int4-g64:int8' -> [(quantization, group size, kv_cache_dtype), ...];
+    '-gN' and ':KV' override --quantization-group-size and --kv-cache-dtype for one config."""
+    configs = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        weights, _, kv = item.partition(":")
+        quantization, _, group = weights.partition("-g")
+        configs.append((quantization, int(group) if group else group_default, kv or kv_default))
+    return configs
+
+
+def add_eval_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="builtin://smollm2-135m-instruct")
+    parser.add_argument(
+        "--configs",
+        default="none,int8,int4",
+        help="weight quantizations, QUANT[-gGROUP][:KV_DTYPE], e.g. none,int8,int4-g64:int8",
+    )
+    parser.add_argument("--kv-cache-dtype", default="auto", help="KV dtype for every config")
+    parser.add_argument("--quantization-group-size", type=int, default=32)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--text", help="a UTF-8 text file (default: Python's documentation)")
+    parser.add_argument("--tokens", type=int, default=8192, help="perplexity tokens")
+    parser.add_argument("--window", type=int, default=512, help="perplexity window, tokens")
+    parser.add_argument("--prompts", type=int, default=32, help="agreement prompts")
+    parser.add_argument("--new-tokens", type=int, default=32, help="agreement tokens per prompt")
+    parser.add_argument(
+        "--speed-tokens", type=int, default=64, help="tokens per request when timing; 0: skip"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else default_text()
+    base = dict(
+        model=args.model,
+        device=args.device,
+        text=text,
+        tokens=args.tokens,
+        window=args.window,
+        prompts=args.prompts,
+        new_tokens=args.new_tokens,
+        speed_tokens=args.speed_tokens,
+        kv_cache_tokens=max(
+            args.window + 1, PROMPT_TOKENS + max(args.new_tokens, args.speed_tokens)
+        )
+        * SPEED_BATCH,
+    )
+    configs = parse_configs(args.configs, args.kv_cache_dtype, args.quantization_group_size)
+    baseline_job = Job(quantization="none", group_size=32, kv_cache_dtype="auto", **base)
+    configs = [c for c in configs if c[0] != "none" or c[2] != "auto"]  # the baseline runs anyway
+    baseline = _in_fresh_process(baseline_job)
+    if "error" in baseline:
+        print(f"kvpilot eval: baseline failed: {baseline['error']}", file=sys.stderr)
+        return 1
+    continuations = baseline.pop("continuations")
+    results = {"none": baseline}
+    for quantization, group, kv in configs:
+        job = Job(
+            quantization=quantization,
+            group_size=group,
+            kv_cache_dtype=kv,
+            continuations=continuations,
+            **base,
+        )
+        results[job.name] = _in_fresh_process(job)
+    for figures in results.values():
+        if "perplexity" in figures:
+            figures["perplexity_vs_baseline"] = round(
+                figures["perplexity"] / baseline["perplexity"], 4
+            )
+    report = {"model": args.model, "text_source": args.text or "pydoc_data", "configs": results}
+    print(json.dumps(report, indent=2) if args.json else _table(results))
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+def _in_fresh_process(job: Job) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvpilot_server.evaluate"],
+        input=json.dumps(asdict(job)),
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or ["no output"]
+        return {"error": lines[-1]}  # e.g. a ConfigError: fp8 weights need a CUDA GPU ...
+    return json.loads(done.stdout)
+
+
+_COLUMNS = [
+    ("perplexity", "ppl"),
+    ("perplexity_vs_baseline", "ppl/base"),
+    ("greedy_agreement", "agree"),
+    ("batch1_decode_tokens_per_s", "tok/s b1"),
+    ("batch32_output_tokens_per_s", "tok/s b32"),
+    ("peak_rss_mib", "peak MiB"),
+    ("weight_mib", "weights MiB"),
+    ("kv_cache_mib", "KV MiB"),
+]
+
+
+def _table(results: dict[str, dict]) -> str:
+    lines = [f"{'config':<16}" + "".join(f"{title:>12}" for _, title in _COLUMNS)]
+    for name, figures in results.items():
+        if "error" in figures:
+            lines.append(f"{name:<16}  error: {figures['error']}")
+            continue
+        cells = [figures.get(key, "-") for key, _ in _COLUMNS]
+        lines.append(f"{name:<16}" + "".join(f"{cell:>12}" for cell in cells))
+    return "\n".join(lines)
+
+
+def run_job(job: Job) -> dict:
+    """One config, in this process: build the engine, time it, then measure quality."""
+    import torch
+
+    from kvpilot_server import LLM
+    from kvpilot_server.memory_model import kv_bytes_per_token, shape_from_config
+
+    config = json.loads((_model_path(job.model) / "config.json").read_text())
+    dtype = "bfloat16" if job.device != "cpu" and torch.cuda.is_available() else "float32"
+    per_token = kv_bytes_per_token(shape_from_config(config), dtype, job.kv_cache_dtype)
+    llm = LLM(
+        job.model,
+        device=job.device,
+        quantization=job.quantization,
+        quantization_group_size=job.group_size,
+        kv_cache_dtype=job.kv_cache_dtype,
+        kv_cache_bytes=job.kv_cache_tokens * per_token,
+        max_model_len=max(job.window + 1, PROMPT_TOKENS + max(job.new_tokens, job.speed_tokens)),
+        enable_prefix_caching=False,
+    )
+    ids = llm.tokenizer(job.text).input_ids
+    needed = job.tokens + max(job.prompts, SPEED_BATCH) * PROMPT_TOKENS
+    if len(ids) < needed:
+        raise SystemExit(f"the text has {len(ids)} tokens; this evaluation needs {needed}")
+    prompts = [ids[job.tokens + i * PROMPT_TOKENS :][:PROMPT_TOKENS] for i in range(SPEED_BATCH)]
+    model = llm.engine.model
+    tensors = {t.data_ptr(): t.nbytes for t in [*model.parameters(), *model.buffers()]}
+    result: dict = {
+        "weight_mib": round(sum(tensors.values()) / 2**20, 1),
+        "kv_cache_mib": round(sum(layer.nbytes for layer in llm.engine.runner.kv_cache) / 2**20, 1),
+    }
+    if job.speed_tokens:
+        result |= _speed(llm, prompts, job.speed_tokens)
+        # Before the quality passes: their full-vocabulary logits are not serving memory.
+        result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    # Quality passes prefill in small chunks, so every chunk after a window's first attends to
+    # its context through the KV cache, as decoding does; one fresh chunk per window would
+    # attend to its own unquantized keys and hide what a cache precision costs.
+    llm.engine.scheduler.max_num_batched_tokens = QUALITY_CHUNK
+    result["perplexity"] = round(_perplexity(llm, ids[: job.tokens], job.window), 4)
+    prompts = [ids[job.tokens + i * PROMPT_TOKENS :][:PROMPT_TOKENS] for i in range(job.prompts)]
+    continuations = job.continuations or _greedy(llm, prompts, job.new_tokens)
+    result["greedy_agreement"] = round(_agreement(llm, prompts, continuations), 4)
+    if job.continuations is None:
+        result["continuations"] = continuations
+    return result
+
+
+def _model_path(model: str):
+    from kvpilot_server.models.resolve import resolve_model
+
+    return resolve_model(model)
+
+
+def _speed(llm, prompts: list[list[int]], new_tokens: int) -> dict:
+    from kvpilot_server import SamplingParams
+
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(max_tokens=4))  # warm-up: kernels, allocator
+    decode = []  # seconds per token after the first (prefill excluded), median of 3 runs
+    for _ in range(3):
+        single = llm.generate(prompts[0], params)[0].metrics
+        decode.append((single.finished_time - single.first_token_time) / (new_tokens - 1))
+    start = time.perf_counter()
+    llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    return {
+        "batch1_decode_tokens_per_s": round(1 / statistics.median(decode), 1),
+        "batch32_output_tokens_per_s": round(len(prompts) * new_tokens / elapsed, 1),
+    }
+
+
+def _perplexity(llm, ids: list[int], window: int) -> float:
+    from kvpilot_server import SamplingParams
+
+    windows = [ids[i : i + window] for i in range(0, len(ids) - 1, window)]
+    windows = [w for w in windows if len(w) > 1]
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    outputs = llm.generate(windows, params)
+    logprobs = [s.logprob for o in outputs for s in o.prompt_logprobs[1:]]
+    return math.exp(-sum(logprobs) / len(logprobs))
+
+
+def _greedy(llm, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    from kvpilot_server import SamplingParams
+
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+def _agreement(llm, prompts: list[list[int]], continuations: list[list[int]]) -> float:
+    from kvpilot_server import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=1)
+    outputs = llm.generate([p + c for p, c in zip(prompts, continuations, strict=True)], params)
+    same = total = 0
+    for prompt, continuation, output in zip(prompts, continuations, outputs, strict=True):
+        ranked = output.prompt_logprobs[len(prompt) :]
+        same += sum(s.top_logprobs[0][0] == t for s, t in zip(ranked, continuation, strict=True))
+        total += len(continuation)
+    return same / total
+
+
+if __name__ == "__main__":
+    from kvpilot_server.errors import ConfigError
+
+    try:
+        print(json.dumps(run_job(Job(**json.load(sys.stdin)))))
+    except ConfigError as exc:  # the combination cannot run here: say why in one line
+        sys.exit(f"{exc}")
