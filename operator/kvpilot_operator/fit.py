@@ -6,7 +6,15 @@ from typing import Any
 
 from lightkube.utils.quantity import parse_quantity
 
-from kvpilot_server.memory_model import GPU_MEMORY_MIB, KNOWN_MODELS, MiB, ModelShape, plan
+from kvpilot_server.memory_model import (
+    FP8_COMPUTE_CAPABILITY,
+    GPU_COMPUTE_CAPABILITY,
+    GPU_MEMORY_MIB,
+    KNOWN_MODELS,
+    MiB,
+    ModelShape,
+    plan,
+)
 
 CPU_HEADROOM_BYTES = 1 << 30
 # spec.engine.dtype -> the server's --dtype; auto is float32 on CPU, bfloat16 on GPUs.
@@ -18,6 +26,7 @@ class Fit:
     fits: bool | None  # None: not checked (model or GPU memory unknown)
     message: str
     capacity: dict[str, Any] | None = None
+    reason: str = "InsufficientGPUMemory"  # the Degraded reason when it does not fit
 
 
 def _dtype(spec: dict) -> str:
@@ -55,7 +64,30 @@ def _plan(spec: dict, shape: ModelShape, memory: int):
     )
 
 
+def unsupported_precision(spec: dict) -> str | None:
+    """Why the engine would refuse this spec's FP8 at start, or None. A GPU type the table does
+    not know is given the benefit of the doubt (the pod then reports ModelLoadFailed)."""
+    engine, resources = spec["engine"], spec["resources"]
+    fp8 = [f for f in ("quantization", "kvCacheDtype") if engine[f] == "FP8"]
+    if not fp8:
+        return None
+    asked = " and ".join(f"{field} FP8" for field in fp8)
+    if not resources["gpus"]:
+        return f"{asked} needs a GPU of compute capability 8.9+; on CPU use Int8"
+    gpu = resources.get("gpuType", "")
+    capability = GPU_COMPUTE_CAPABILITY.get(gpu)
+    if capability is not None and capability < FP8_COMPUTE_CAPABILITY:
+        return (
+            f"{asked} needs a GPU of compute capability 8.9+ (L4, L40S, H100, H200); {gpu} is "
+            f"{capability[0]}.{capability[1]}: use Int8 or Int4, or a newer GPU type"
+        )
+    return None
+
+
 def check(spec: dict) -> Fit:
+    problem = unsupported_precision(spec)
+    if problem:
+        return Fit(False, problem, reason="UnsupportedPrecision")
     source = spec["model"]["source"]
     shape, memory = KNOWN_MODELS.get(source), device_memory_bytes(spec)
     if shape is None:

@@ -99,7 +99,7 @@ def conditions(
     causes = [c for c in (pod_cause(p) for p in pods) if c]
     fault = next((c for c in causes if c.blocking), None)
     if fit.fits is False:
-        fault = Cause("InsufficientGPUMemory", fit.message)
+        fault = Cause(fit.reason, fit.message)
     progress = next((c for c in causes if not c.blocking), None)
     counts = f"{ready}/{desired} replicas ready"
     if desired == 0:

@@ -4,8 +4,9 @@ Each config runs in a fresh process, so its peak resident memory is its own. Per
 perplexity on held-out natural text, greedy agreement with the baseline (the model dtype, no
 quantization: teacher-forced, the share of the baseline's own greedy tokens that the config
 also ranks first after the same prefix), decode tokens/s at batch 1, output tokens/s at batch
-32, peak resident memory, weight and KV cache bytes. The KV cache holds the same number of
-tokens in every config, so its bytes show what a cache precision saves.
+32, resident memory while serving and its peak (loading included), weight and KV cache bytes.
+The KV cache holds the same number of tokens in every config, so its bytes show what a cache
+precision saves.
 
 The text is read at run time from what is installed (Python's own documentation, prose
 paragraphs only), or from --text; nothing is copied into the repository.
@@ -158,6 +159,7 @@ _COLUMNS = [
     ("greedy_agreement", "agree"),
     ("batch1_decode_tokens_per_s", "tok/s b1"),
     ("batch32_output_tokens_per_s", "tok/s b32"),
+    ("rss_mib", "RSS MiB"),
     ("peak_rss_mib", "peak MiB"),
     ("weight_mib", "weights MiB"),
     ("kv_cache_mib", "KV MiB"),
@@ -208,8 +210,11 @@ def run_job(job: Job) -> dict:
     }
     if job.speed_tokens:
         result |= _speed(llm, prompts, job.speed_tokens)
-        # Before the quality passes: their full-vocabulary logits are not serving memory.
+        # Before the quality passes: their full-vocabulary logits are not serving memory. The
+        # peak includes loading (weights are read in the model dtype, then quantized); the
+        # resident figure is what serving holds.
         result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        result["rss_mib"] = _resident_mib()
     # Quality passes prefill in small chunks, so every chunk after a window's first attends to
     # its context through the KV cache, as decoding does; one fresh chunk per window would
     # attend to its own unquantized keys and hide what a cache precision costs.
@@ -227,6 +232,15 @@ def _model_path(model: str):
     from kvpilot_server.models.resolve import resolve_model
 
     return resolve_model(model)
+
+
+def _resident_mib() -> int | None:
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:  # not Linux
+        return None
+    line = next(x for x in status.splitlines() if x.startswith("VmRSS:"))
+    return round(int(line.split()[1]) / 1024)
 
 
 def _speed(llm, prompts: list[list[int]], new_tokens: int) -> dict:

@@ -33,6 +33,18 @@ GPU_MEMORY_MIB = {
     "H100-80GB": 81559,
     "H200": 143771,
 }
+# Compute capability of the same GPUs: fp8 (weights or KV cache) needs 8.9 or newer.
+GPU_COMPUTE_CAPABILITY = {
+    "T4": (7, 5),
+    "A10G": (8, 6),
+    "L4": (8, 9),
+    "L40S": (8, 9),
+    "A100-40GB": (8, 0),
+    "A100-80GB": (8, 0),
+    "H100-80GB": (9, 0),
+    "H200": (9, 0),
+}
+FP8_COMPUTE_CAPABILITY = (8, 9)
 
 
 @dataclass(frozen=True)

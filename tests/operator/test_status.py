@@ -157,6 +157,27 @@ def test_a_model_too_big_for_the_gpu_is_degraded_with_the_numbers():
     assert "MiB of weights" in message and "23034 MiB" in message
 
 
+@pytest.mark.parametrize(
+    ("resources", "said"),
+    [
+        ({"gpus": 1, "gpuType": "A100-80GB"}, "A100-80GB is 8.0"),
+        ({"gpus": 0, "memory": "8Gi"}, "on CPU use Int8"),
+    ],
+)
+def test_fp8_where_the_engine_would_refuse_it_is_degraded_before_any_pod(resources, said):
+    body = _body(1, resources=resources, engine={"kvCacheDtype": "FP8"})
+    fit = check(body["spec"])
+    assert fit.fits is False
+    result = status(body, None, [], fit, NOW)
+    assert _conditions(result)["Degraded"] == ("True", "UnsupportedPrecision")
+    message = _message(result, "Degraded")
+    assert "kvCacheDtype FP8 needs a GPU of compute capability 8.9+" in message and said in message
+    on_h100 = _body(
+        1, resources={"gpus": 1, "gpuType": "H100-80GB"}, engine={"quantization": "FP8"}
+    )
+    assert check(on_h100["spec"]).fits is True
+
+
 def test_transition_time_moves_only_when_the_status_flips():
     first = status(_body(), _deployment(1, 2), [LOADING], FITS, NOW)
     body = _body() | {"status": first}

@@ -72,4 +72,7 @@ def test_eval_measures_each_precision_against_float32():
         figures = results[name]
         assert figures["batch1_decode_tokens_per_s"] > 0
         assert figures["batch32_output_tokens_per_s"] > 0
-        assert figures["peak_rss_mib"] > figures["weight_mib"]
+        assert figures["peak_rss_mib"] >= figures["rss_mib"] > figures["weight_mib"]
+    # Serving holds less with smaller weights and a smaller cache.
+    assert results["int8"]["rss_mib"] < base["rss_mib"]
+    assert results["none+kv-int8"]["rss_mib"] < base["rss_mib"]

@@ -137,26 +137,33 @@ def test_without_the_kernel_the_reference_path_gives_the_same_answer(monkeypatch
 
 
 @pytest.mark.slow
-def test_smollm2_int8_answers_and_agrees_with_float32(smollm2, corpus_ids):
+@pytest.mark.parametrize(
+    ("engine_args", "bar"),
+    [({"quantization": "int8"}, 0.90), ({"kv_cache_dtype": "int8"}, 0.95)],
+    ids=["int8-weights", "int8-kv-cache"],
+)
+def test_smollm2_answers_and_agrees_with_float32(smollm2, corpus_ids, engine_args, bar):
     prompts = [corpus_ids[i * 40 : i * 40 + 60] for i in range(8)]
     greedy = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     reference = LLM(str(smollm2), max_model_len=512, kv_cache_bytes=64 << 20)
     expected = [o.outputs[0].token_ids for o in reference.generate(prompts, greedy)]
     del reference
-    llm = LLM(str(smollm2), max_model_len=512, kv_cache_bytes=64 << 20, quantization="int8")
+    llm = LLM(str(smollm2), max_model_len=512, kv_cache_bytes=64 << 20, **engine_args)
     answer = llm.chat(
         [{"role": "user", "content": "What is the capital of France?"}],
         SamplingParams(max_tokens=20, temperature=0.0),
     )
     assert "Paris" in answer[0].outputs[0].text
-    # Teacher-forced: int8's next token after each prefix of float32's own greedy output.
+    # Teacher-forced: the next token after each prefix of float32's own greedy output. Shared
+    # prefixes hit the prefix cache, so with an int8 cache most of these prefill after cached
+    # (quantized) context rather than attending to fresh float keys.
     contexts = [p + e[:t] for p, e in zip(prompts, expected, strict=True) for t in range(32)]
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     predicted = [o.outputs[0].token_ids[0] for o in llm.generate(contexts, one)]
     truth = [token for e in expected for token in e]
     agreement = sum(a == b for a, b in zip(predicted, truth, strict=True)) / len(truth)
-    print({"int8_teacher_forced_greedy_agreement": agreement})
-    assert agreement >= 0.9  # the issue's bar
+    print({f"{engine_args}_teacher_forced_greedy_agreement": agreement})
+    assert agreement >= bar  # int8 weights: the issue's bar
 
 
 def test_unsupported_combinations_fail_at_start(smollm2):
