@@ -14,41 +14,12 @@ paragraphs only), or from --text; nothing is copied into the repository.
 
 import argparse
 import json
-import math
-import resource
-import statistics
 import subprocess
 import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-PROMPT_TOKENS = 64  # agreement and speed prompts
-SPEED_BATCH = 32
-QUALITY_CHUNK = 64  # tokens per prefill step in the quality passes
-
-
-@dataclass
-class Job:
-    model: str
-    quantization: str
-    kv_cache_dtype: str
-    group_size: int
-    device: str
-    text: str
-    tokens: int  # perplexity: the text's first `tokens` tokens
-    window: int  # ... in windows of this many
-    prompts: int  # agreement: prompts after the perplexity span
-    new_tokens: int
-    speed_tokens: int  # 0: no speed measurement
-    kv_cache_tokens: int
-    continuations: list[list[int]] | None = None  # the baseline's; None: this is the baseline
-
-    @property
-    def name(self) -> str:
-        kv = "" if self.kv_cache_dtype == "auto" else f"+kv-{self.kv_cache_dtype}"
-        group = f"-g{self.group_size}" if self.quantization == "int4" else ""
-        return f"{self.quantization}{group}{kv}"
+from kvpilot_server.eval_job import PROMPT_TOKENS, SPEED_BATCH, Job
 
 
 def default_text() -> str:
@@ -142,7 +113,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def _in_fresh_process(job: Job) -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "kvpilot_server.evaluate"],
+        [sys.executable, "-m", "kvpilot_server.eval_job"],
         input=json.dumps(asdict(job)),
         capture_output=True,
         text=True,
@@ -175,127 +146,3 @@ def _table(results: dict[str, dict]) -> str:
         cells = [figures.get(key, "-") for key, _ in _COLUMNS]
         lines.append(f"{name:<16}" + "".join(f"{cell:>12}" for cell in cells))
     return "\n".join(lines)
-
-
-def run_job(job: Job) -> dict:
-    """One config, in this process: build the engine, time it, then measure quality."""
-    import torch
-
-    from kvpilot_server import LLM
-    from kvpilot_server.memory_model import kv_bytes_per_token, shape_from_config
-
-    config = json.loads((_model_path(job.model) / "config.json").read_text())
-    dtype = "bfloat16" if job.device != "cpu" and torch.cuda.is_available() else "float32"
-    per_token = kv_bytes_per_token(shape_from_config(config), dtype, job.kv_cache_dtype)
-    llm = LLM(
-        job.model,
-        device=job.device,
-        quantization=job.quantization,
-        quantization_group_size=job.group_size,
-        kv_cache_dtype=job.kv_cache_dtype,
-        kv_cache_bytes=job.kv_cache_tokens * per_token,
-        max_model_len=max(job.window + 1, PROMPT_TOKENS + max(job.new_tokens, job.speed_tokens)),
-        enable_prefix_caching=False,
-    )
-    ids = llm.tokenizer(job.text).input_ids
-    needed = job.tokens + max(job.prompts, SPEED_BATCH) * PROMPT_TOKENS
-    if len(ids) < needed:
-        raise SystemExit(f"the text has {len(ids)} tokens; this evaluation needs {needed}")
-    prompts = [ids[job.tokens + i * PROMPT_TOKENS :][:PROMPT_TOKENS] for i in range(SPEED_BATCH)]
-    model = llm.engine.model
-    tensors = {t.data_ptr(): t.nbytes for t in [*model.parameters(), *model.buffers()]}
-    result: dict = {
-        "weight_mib": round(sum(tensors.values()) / 2**20, 1),
-        "kv_cache_mib": round(sum(layer.nbytes for layer in llm.engine.runner.kv_cache) / 2**20, 1),
-    }
-    if job.speed_tokens:
-        result |= _speed(llm, prompts, job.speed_tokens)
-        # Before the quality passes: their full-vocabulary logits are not serving memory. The
-        # peak includes loading (weights are read in the model dtype, then quantized); the
-        # resident figure is what serving holds.
-        result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-        result["rss_mib"] = _resident_mib()
-    # Quality passes prefill in small chunks, so every chunk after a window's first attends to
-    # its context through the KV cache, as decoding does; one fresh chunk per window would
-    # attend to its own unquantized keys and hide what a cache precision costs.
-    llm.engine.scheduler.max_num_batched_tokens = QUALITY_CHUNK
-    result["perplexity"] = round(_perplexity(llm, ids[: job.tokens], job.window), 4)
-    prompts = [ids[job.tokens + i * PROMPT_TOKENS :][:PROMPT_TOKENS] for i in range(job.prompts)]
-    continuations = job.continuations or _greedy(llm, prompts, job.new_tokens)
-    result["greedy_agreement"] = round(_agreement(llm, prompts, continuations), 4)
-    if job.continuations is None:
-        result["continuations"] = continuations
-    return result
-
-
-def _model_path(model: str):
-    from kvpilot_server.models.resolve import resolve_model
-
-    return resolve_model(model)
-
-
-def _resident_mib() -> int | None:
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:  # not Linux
-        return None
-    line = next(x for x in status.splitlines() if x.startswith("VmRSS:"))
-    return round(int(line.split()[1]) / 1024)
-
-
-def _speed(llm, prompts: list[list[int]], new_tokens: int) -> dict:
-    from kvpilot_server import SamplingParams
-
-    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    llm.generate(prompts[:2], SamplingParams(max_tokens=4))  # warm-up: kernels, allocator
-    decode = []  # seconds per token after the first (prefill excluded), median of 3 runs
-    for _ in range(3):
-        single = llm.generate(prompts[0], params)[0].metrics
-        decode.append((single.finished_time - single.first_token_time) / (new_tokens - 1))
-    start = time.perf_counter()
-    llm.generate(prompts, params)
-    elapsed = time.perf_counter() - start
-    return {
-        "batch1_decode_tokens_per_s": round(1 / statistics.median(decode), 1),
-        "batch32_output_tokens_per_s": round(len(prompts) * new_tokens / elapsed, 1),
-    }
-
-
-def _perplexity(llm, ids: list[int], window: int) -> float:
-    from kvpilot_server import SamplingParams
-
-    windows = [ids[i : i + window] for i in range(0, len(ids) - 1, window)]
-    windows = [w for w in windows if len(w) > 1]
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0)
-    outputs = llm.generate(windows, params)
-    logprobs = [s.logprob for o in outputs for s in o.prompt_logprobs[1:]]
-    return math.exp(-sum(logprobs) / len(logprobs))
-
-
-def _greedy(llm, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    from kvpilot_server import SamplingParams
-
-    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-
-
-def _agreement(llm, prompts: list[list[int]], continuations: list[list[int]]) -> float:
-    from kvpilot_server import SamplingParams
-
-    params = SamplingParams(max_tokens=1, prompt_logprobs=1)
-    outputs = llm.generate([p + c for p, c in zip(prompts, continuations, strict=True)], params)
-    same = total = 0
-    for prompt, continuation, output in zip(prompts, continuations, outputs, strict=True):
-        ranked = output.prompt_logprobs[len(prompt) :]
-        same += sum(s.top_logprobs[0][0] == t for s, t in zip(ranked, continuation, strict=True))
-        total += len(continuation)
-    return same / total
-
-
-if __name__ == "__main__":
-    from kvpilot_server.errors import ConfigError
-
-    try:
-        print(json.dumps(run_job(Job(**json.load(sys.stdin)))))
-    except ConfigError as exc:  # the combination cannot run here: say why in one line
-        sys.exit(f"{exc}")
