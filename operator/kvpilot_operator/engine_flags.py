@@ -41,6 +41,8 @@ def engine_args(spec: dict, name: str) -> list[str]:
         args["--kv-cache-bytes"] = str(cpu_kv_cache_bytes(spec))
     if engine["quantization"] != "None":
         args["--quantization"] = engine["quantization"].lower()
+    if engine["quantization"] == "Int4":
+        args["--quantization-group-size"] = str(engine["quantizationGroupSize"])
     if engine["kvCacheDtype"] != "Auto":
         args["--kv-cache-dtype"] = engine["kvCacheDtype"].lower()
     if spec.get("auth", {}).get("apiKeySecretRef"):

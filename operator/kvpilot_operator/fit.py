@@ -58,6 +58,7 @@ def _plan(spec: dict, shape: ModelShape, memory: int):
         _max_len(spec, shape),
         dtype=_dtype(spec),
         quantization=engine["quantization"].lower(),
+        group_size=engine["quantizationGroupSize"],
         kv_cache_dtype=engine["kvCacheDtype"].lower(),
         kv_fraction=engine["kvCacheMemoryPercent"] / 100,
         **({} if gpu else {"headroom_bytes": CPU_HEADROOM_BYTES}),

@@ -155,8 +155,9 @@ def plan(
     kv_cache_dtype: str = "auto",
     kv_fraction: float = 0.9,
     headroom_bytes: int = RUNTIME_HEADROOM_BYTES,
+    group_size: int = INT4_GROUP_SIZE,
 ) -> Plan:
-    weights = weight_bytes(shape, dtype, quantization)
+    weights = weight_bytes(shape, dtype, quantization, group_size)
     free = memory_bytes - weights - headroom_bytes
     return Plan(
         weight_bytes=weights,

@@ -27,6 +27,9 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--gpu-type", choices=sorted(GPU_MEMORY_MIB), help="a known GPU")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--quantization", default="none", choices=["none", "int8", "int4", "fp8"])
+    parser.add_argument(
+        "--quantization-group-size", type=int, default=32, choices=[32, 64, 128], help="int4 only"
+    )
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"])
     parser.add_argument("--max-model-len", type=int, help="default: the model's own limit")
     parser.add_argument("--kv-cache-memory-fraction", type=float, default=0.9)
@@ -53,6 +56,7 @@ def run_plan(args: argparse.Namespace) -> int:
         max_len,
         dtype=args.dtype,
         quantization=args.quantization,
+        group_size=args.quantization_group_size,
         kv_cache_dtype=args.kv_cache_dtype,
         kv_fraction=args.kv_cache_memory_fraction,
     )

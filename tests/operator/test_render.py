@@ -76,7 +76,12 @@ def test_hf_gpu_sample_downloads_first_and_asks_for_a_gpu():
     args = server["args"]
     assert args[args.index("--model") + 1] == "/var/cache/kvpilot/models/Qwen/Qwen2.5-7B-Instruct"
     assert args[args.index("--quantization") + 1] == "int8"
+    assert "--quantization-group-size" not in args  # int4 only
     assert args[args.index("--api-key-file") + 1] == "/etc/kvpilot/keys/api-keys"
+    body["spec"]["engine"] |= {"quantization": "Int4", "quantizationGroupSize": 64}
+    args = _pod(render(body, IMAGE))["containers"][0]["args"]
+    assert args[args.index("--quantization") + 1] == "int4"
+    assert args[args.index("--quantization-group-size") + 1] == "64"
     deployment = _by_kind(objects)["Deployment"]
     assert deployment["spec"]["replicas"] == 1  # autoscaling: within min and max
 
