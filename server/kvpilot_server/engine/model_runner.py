@@ -48,7 +48,7 @@ class ModelRunner:
         # Decodes first, shortest context first, so that similar lengths share a padded group.
         ordered = sorted(batch.items(), key=lambda item: (item[1] != 1, len(item[0])))
         ids, positions, slots, rows, sampling = [], [], [], [], []
-        prompt_rows, extra_rows = [], []
+        scored: list[tuple[Sequence, int, int]] = []  # prompt logprobs: (seq, first row, count)
         for seq, n in ordered:
             start = seq.num_computed_tokens
             first_row = len(ids)
@@ -61,14 +61,13 @@ class ModelRunner:
             # The row at position p predicts token p + 1: rows before the prompt's last token.
             count = min(start + n, seq.num_prompt_tokens - 1) - start
             if seq.params.prompt_logprobs is not None and count > 0:
-                offset = len(extra_rows)
-                prompt_rows.append((seq, slice(offset, offset + count), start + 1))
-                extra_rows.extend(range(first_row, first_row + count))
-        prompt_rows = [
-            (seq, slice(len(rows) + s.start, len(rows) + s.stop), first)
-            for seq, s, first in prompt_rows
-        ]
-        rows.extend(extra_rows)
+                scored.append((seq, first_row, count))
+        prompt_rows = []  # their logits follow the sampling rows
+        for seq, first_row, count in scored:
+            prompt_rows.append(
+                (seq, slice(len(rows), len(rows) + count), seq.num_computed_tokens + 1)
+            )
+            rows.extend(range(first_row, first_row + count))
         pos = torch.tensor(positions, device=self.device)
         metas = {
             w: self._metadata(ordered, torch.tensor(slots, device=self.device), w)

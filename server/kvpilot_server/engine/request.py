@@ -89,5 +89,7 @@ class Request:
             metrics=self.metrics,
             num_cached_tokens=seq.num_cached_tokens,
             error=self.error,
-            prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
+            # Not copied per output: an output follows a sampled token, so the whole prompt is
+            # scored by then, and a preempted request's recompute adds nothing.
+            prompt_logprobs=self.prompt_logprobs,
         )

@@ -74,33 +74,25 @@ class Sampler:
 
     @staticmethod
     def prompt_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[Sample]:
-        """Each row's logprob of the prompt token that follows it, plus its k best."""
+        """Each row's logprob of the token that follows it (a prompt token), plus its k best.
+        Logprobs of the model's raw distribution, as vLLM reports them by default."""
         logprobs = torch.log_softmax(logits.float().cpu(), dim=-1)
         chosen = logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
-        top = torch.topk(logprobs, k) if k else None
+        if not k:
+            return [Sample(t, v, []) for t, v in zip(tokens, chosen, strict=True)]
+        top = torch.topk(logprobs, k)
+        pairs = zip(top.indices.tolist(), top.values.tolist(), strict=True)
         return [
-            Sample(
-                token,
-                value,
-                list(zip(top.indices[i].tolist(), top.values[i].tolist(), strict=True))
-                if top
-                else [],
-            )
-            for i, (token, value) in enumerate(zip(tokens, chosen, strict=True))
+            Sample(t, v, list(zip(ids, values, strict=True)))
+            for t, v, (ids, values) in zip(tokens, chosen, pairs, strict=True)
         ]
 
-    @staticmethod
-    def _with_logprobs(logits: torch.Tensor, token: int, seq: Sequence) -> Sample:
+    @classmethod
+    def _with_logprobs(cls, logits: torch.Tensor, token: int, seq: Sequence) -> Sample:
         k = seq.params.logprobs
         if k is None:
             return Sample(token)
-        # Logprobs of the model's raw distribution, as vLLM reports them by default.
-        logprobs = torch.log_softmax(logits, dim=-1)
-        top = torch.topk(logprobs, k) if k else None
-        alternatives = (
-            list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else []
-        )
-        return Sample(token, float(logprobs[token]), alternatives)
+        return cls.prompt_logprobs(logits[None], [token], k)[0]
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
