@@ -28,7 +28,6 @@ class Job:
     prompts: int  # agreement: prompts after the perplexity span
     new_tokens: int
     speed_tokens: int  # 0: no speed measurement
-    kv_cache_tokens: int
     continuations: list[list[int]] | None = None  # the baseline's; None: this is the baseline
 
     @property
@@ -47,6 +46,7 @@ def run_job(job: Job) -> dict:
 
     config = json.loads((_model_path(job.model) / "config.json").read_text())
     dtype = "bfloat16" if job.device != "cpu" and torch.cuda.is_available() else "float32"
+    max_len = max(job.window + 1, PROMPT_TOKENS + max(job.new_tokens, job.speed_tokens))
     per_token = kv_bytes_per_token(shape_from_config(config), dtype, job.kv_cache_dtype)
     llm = LLM(
         job.model,
@@ -54,8 +54,9 @@ def run_job(job: Job) -> dict:
         quantization=job.quantization,
         quantization_group_size=job.group_size,
         kv_cache_dtype=job.kv_cache_dtype,
-        kv_cache_bytes=job.kv_cache_tokens * per_token,
-        max_model_len=max(job.window + 1, PROMPT_TOKENS + max(job.new_tokens, job.speed_tokens)),
+        # Room for the speed batch at full length: the same token capacity in every config.
+        kv_cache_bytes=max_len * SPEED_BATCH * per_token,
+        max_model_len=max_len,
         enable_prefix_caching=False,
     )
     ids = llm.tokenizer(job.text).input_ids

@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from kvpilot_server.eval_job import PROMPT_TOKENS, SPEED_BATCH, Job
+from kvpilot_server.eval_job import Job
 
 
 def default_text() -> str:
@@ -78,10 +78,6 @@ def run_eval(args: argparse.Namespace) -> int:
         prompts=args.prompts,
         new_tokens=args.new_tokens,
         speed_tokens=args.speed_tokens,
-        kv_cache_tokens=max(
-            args.window + 1, PROMPT_TOKENS + max(args.new_tokens, args.speed_tokens)
-        )
-        * SPEED_BATCH,
     )
     configs = parse_configs(args.configs, args.kv_cache_dtype, args.quantization_group_size)
     baseline_job = Job(quantization="none", group_size=32, kv_cache_dtype="auto", **base)
