@@ -49,7 +49,21 @@ def main(argv: list[str] | None = None) -> int:
         "--request-timeout",
         type=float,
         default=None,
-        help="seconds before a request is aborted with 408 (per request: timeout)",
+        help="seconds before a request is aborted with 408; a ceiling: a request's own "
+        "timeout may shorten it, never extend it",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client may take to send a request's line and headers; then the "
+        "connection is closed (a slow client must not hold a connection forever)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client may stay silent while sending a request body; then 408",
     )
     serve.add_argument(
         "--context-overflow",

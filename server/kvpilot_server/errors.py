@@ -16,17 +16,22 @@ class InvalidRequestError(KvpilotError, ValueError):
 class ContextOverflowError(InvalidRequestError):
     """Prompt plus requested completion does not fit the model's context (HTTP 400)."""
 
-    def __init__(self, max_model_len: int, prompt_tokens: int, max_tokens: int | None) -> None:
+    def __init__(
+        self, max_model_len: int, prompt_tokens: int, max_tokens: int | None, at_least: bool = False
+    ) -> None:
+        # at_least: the prompt was refused from its length in characters, before tokenizing.
+        count = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
         if max_tokens is None:
             message = (
                 f"This model's maximum context length is {max_model_len} tokens, "
-                f"but the prompt has {prompt_tokens} tokens, leaving no room for a completion."
+                f"but the prompt has {count} tokens, leaving no room for a completion."
             )
         else:
             message = (
                 f"This model's maximum context length is {max_model_len} tokens. "
-                f"However, you requested {prompt_tokens + max_tokens} tokens "
-                f"({prompt_tokens} in the prompt, {max_tokens} for the completion). "
+                f"However, you requested {'at least ' if at_least else ''}"
+                f"{prompt_tokens + max_tokens} tokens "
+                f"({count} in the prompt, {max_tokens} for the completion). "
                 "Please reduce the prompt or max_tokens."
             )
         super().__init__(message, param="messages")
@@ -80,3 +85,15 @@ class OverloadedError(KvpilotError):
 
 class RequestTimeoutError(KvpilotError):
     """The request ran past its deadline and was aborted (HTTP 408)."""
+
+
+class BodyTimeoutError(RequestTimeoutError):
+    """The client stopped sending its body (HTTP 408; the connection is closed)."""
+
+
+class PayloadTooLargeError(KvpilotError):
+    """The body exceeds the limit (HTTP 413; the rest is not read, the connection is closed)."""
+
+
+class ModelNotFoundError(KvpilotError):
+    """The request names a model this server does not serve (HTTP 404)."""

@@ -6,6 +6,8 @@ vLLM counterpart (docs/metrics.md) so Gateway API Inference Extension and KEDA r
 
 REQUESTS_WAITING = "kvpilot_requests_waiting"  # vllm:num_requests_waiting
 REQUESTS_RUNNING = "kvpilot_requests_running"  # vllm:num_requests_running
+# HTTP-side admission: requests being parsed and tokenized count here before the engine sees them.
+REQUESTS_IN_FLIGHT = "kvpilot_requests_in_flight"  # no vLLM counterpart
 KV_CACHE_USAGE = "kvpilot_kv_cache_usage_ratio"  # vllm:kv_cache_usage_perc
 TIME_TO_FIRST_TOKEN = "kvpilot_time_to_first_token_seconds"  # vllm:time_to_first_token_seconds
 INTER_TOKEN_LATENCY = "kvpilot_inter_token_latency_seconds"  # vllm:inter_token_latency_seconds

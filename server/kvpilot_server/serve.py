@@ -1,57 +1,83 @@
-"""`kvpilot serve`: load the model, start the engine loop, serve the API with uvicorn."""
+"""`kvpilot serve`: load the model, start the engine loop, serve the API with uvicorn.
+
+Every way start-up can fail ends in one log line and a termination message naming the reason
+(kvpilot_server.termination), and cheap checks (API keys) run before the model loads.
+"""
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import os
 import time
-from pathlib import Path
 
+from kvpilot_server import termination
 from kvpilot_server.engine_args import engine_config
+
+log = logging.getLogger("kvpilot")
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from kvpilot_server.api.admission import Admission
-    from kvpilot_server.api.app import build_app
-    from kvpilot_server.api.auth import load_api_keys
-
-    DrainingServer = _draining_server()
-    from kvpilot_server.engine.async_engine import AsyncEngine
-    from kvpilot_server.errors import KvpilotError
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from kvpilot_server.api.auth import load_api_keys
+    from kvpilot_server.errors import ConfigError, KvpilotError
+
+    try:
+        keys = load_api_keys(args.api_key_file)
+    except ConfigError as exc:
+        return _cannot_start(termination.INVALID_CONFIGURATION, exc)
+    from kvpilot_server.engine.async_engine import AsyncEngine
+
     try:
         config = engine_config(args)
         engine = AsyncEngine.from_config(config).start()
     except KvpilotError as exc:
-        logging.getLogger("kvpilot").error("cannot start: %s", exc)
-        _write_termination_message(f"ModelLoadFailed: {exc}")
-        return 1
-    name = args.served_model_name or config.model
-    keys = load_api_keys(args.api_key_file)
+        return _cannot_start(termination.MODEL_LOAD_FAILED, exc)
     try:
-        admission = Admission(args.max_waiting, args.request_timeout)
-        app = build_app(engine, name, keys, admission, args.context_overflow)
-        # kvpilot.access logs each request as JSON; uvicorn's text access log would repeat it.
-        config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_level="info", access_log=False
-        )
-        DrainingServer(config, admission, args.drain_timeout).run()
+        return _serve(args, engine, config.model, keys)
+    except Exception as exc:  # e.g. the port is taken: the pod must say why, not just exit
+        log.exception("server failed")
+        return _cannot_start(termination.STARTUP_FAILED, exc)
     finally:
         engine.shutdown()
+
+
+def _serve(args: argparse.Namespace, engine, model: str, keys: list[str]) -> int:
+    import uvicorn
+
+    from kvpilot_server.api.app import ServerSettings, build_app
+    from kvpilot_server.api.http_protocol import with_header_timeout
+
+    settings = ServerSettings(
+        served_model_name=args.served_model_name or model,
+        api_keys=keys,
+        max_waiting=args.max_waiting,
+        request_timeout=args.request_timeout,
+        context_overflow=args.context_overflow,
+        body_timeout=args.body_timeout,
+    )
+    app = build_app(engine, settings)
+    # kvpilot.access logs each request as JSON; uvicorn's text access log would repeat it.
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        access_log=False,
+        http=with_header_timeout(args.header_timeout),
+    )
+    server = _draining_server()(config, app.state.admission, args.drain_timeout)
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits this way when it cannot start (it logged why)
+        if server.started:
+            raise
+        raise RuntimeError(f"cannot listen on {args.host}:{args.port}") from None
     return 0
 
 
-def _write_termination_message(message: str) -> None:
-    """Kubernetes shows this file's text as the container's termination message, which is how
-    the operator reports why a model failed to load. Outside a pod the file does not exist."""
-    path = Path(os.environ.get("KVPILOT_TERMINATION_LOG", "/dev/termination-log"))
-    if path.exists():
-        with contextlib.suppress(OSError):
-            path.write_text(message[:4000])  # Kubernetes keeps at most 4096 bytes
+def _cannot_start(reason: str, exc: Exception) -> int:
+    log.error("cannot start: %s", exc)
+    termination.write(reason, str(exc))
+    return 1
 
 
 def _draining_server():

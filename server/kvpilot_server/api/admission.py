@@ -1,56 +1,107 @@
 """Admission control: a bounded waiting queue and per-request deadlines.
 
-A request is refused with 429 when the requests admitted but not yet running reach
---max-waiting; Retry-After estimates when a slot frees up from the recent completion rate.
-Deadlines abort the request in the engine (its blocks are freed) and answer 408.
+A request takes one slot per engine request (its n choices) for its whole life, through a
+context manager, so every path out (error, disconnect, timeout, cancellation) gives them back.
+It is refused with 429 when the requests that would have to wait exceed --max-waiting. That
+count is what the engine really queues (its last stats snapshot) plus admitted requests it has
+not picked up yet beyond its free seats: a burst that the engine has seats for is not refused.
+Retry-After estimates when a slot frees up from the recent completion rate, spread at random
+so that refused clients do not all come back at the same moment.
 """
 
 import asyncio
+import contextlib
 import math
+import random
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
-from kvpilot_server.errors import DrainingError, OverloadedError, RequestTimeoutError
+from kvpilot_server.engine.llm_engine import EngineStats
+from kvpilot_server.errors import (
+    DrainingError,
+    InvalidRequestError,
+    OverloadedError,
+    RequestTimeoutError,
+)
 
 _RATE_WINDOW_S = 30.0
+_IDLE_RETRY_S = 5  # no completion seen lately: nothing to estimate from
+_MAX_RETRY_S = 60
 T = TypeVar("T")
 
 
 class Admission:
-    def __init__(self, max_waiting: int, request_timeout: float | None) -> None:
+    def __init__(
+        self,
+        max_waiting: int,
+        request_timeout: float | None,
+        stats: Callable[[], EngineStats] | None = None,
+        max_num_seqs: int = 0,
+    ) -> None:
         self.max_waiting = max_waiting
-        self.request_timeout = request_timeout
-        self.in_flight = 0
+        self.request_timeout = request_timeout  # a ceiling: a request may ask for less
+        self.stats, self.max_num_seqs = stats, max_num_seqs
+        self.in_flight = 0  # engine requests admitted and not finished (one per choice)
         self.finished: deque[float] = deque(maxlen=1024)
         self.draining = False  # set on SIGTERM: /ready fails, new requests get 503
 
-    def admit(self, running: int, slots: int = 1) -> None:
-        """Take `slots` places (one per engine request) or refuse; track() gives them back."""
+    @contextlib.contextmanager
+    def admit(self, slots: int = 1) -> Iterator[None]:
+        """Hold `slots` places (one per engine request) for the block, or refuse."""
         if self.draining:
             raise DrainingError("The server is shutting down; retry on another replica")
-        waiting = self.in_flight - running
-        if waiting >= self.max_waiting:
+        if self.stats is not None and slots > self.max_num_seqs + self.max_waiting:
+            raise InvalidRequestError(
+                f"n={slots} choices can never be admitted here: at most "
+                f"{self.max_num_seqs + self.max_waiting} (max_num_seqs {self.max_num_seqs} + "
+                f"max_waiting {self.max_waiting})",
+                "n",
+            )
+        waiting = self.waiting_if_admitted(slots)
+        if waiting > self.max_waiting:
             raise OverloadedError(
-                f"Server is at capacity ({waiting} requests waiting, limit {self.max_waiting})",
+                f"Server is at capacity: {slots} more request(s) would make {waiting} wait, "
+                f"limit {self.max_waiting}",
                 self.retry_after(waiting),
             )
         self.in_flight += slots
+        try:
+            yield
+        finally:
+            self.in_flight -= slots
+            self.finished.extend([time.monotonic()] * slots)
+
+    def waiting_if_admitted(self, slots: int) -> int:
+        """Requests that would wait for the engine after taking `slots` more."""
+        if self.stats is None:  # no engine view: everything in flight counts as waiting
+            return self.in_flight + slots
+        stats = self.stats()
+        running, waiting = sum(stats.running.values()), sum(stats.waiting.values())
+        unseen = max(0, self.in_flight - running - waiting)  # admitted, not yet in the engine
+        free_seats = max(0, self.max_num_seqs - running - waiting)
+        return waiting + max(0, unseen + slots - free_seats)
 
     def retry_after(self, waiting: int) -> int:
         now = time.monotonic()
         recent = sum(1 for t in self.finished if now - t <= _RATE_WINDOW_S)
         rate = recent / _RATE_WINDOW_S
-        if rate == 0:
-            return 5
-        return min(60, max(1, math.ceil((waiting - self.max_waiting + 1) / rate)))
+        estimate = _IDLE_RETRY_S if rate == 0 else (waiting - self.max_waiting) / rate
+        # Spread over [estimate, 2 x estimate]: a synchronized retry would be refused again.
+        spread = estimate * (1.0 + random.random())
+        return min(_MAX_RETRY_S, max(1, math.ceil(spread)))
 
-    async def track(
-        self, stream: AsyncGenerator[T, None], timeout: float | None, slots: int = 1
+    def deadline(self, requested: float | None) -> float | None:
+        """The request's timeout: what it asked for, never more than the server's ceiling."""
+        if requested is None or self.request_timeout is None:
+            return requested or self.request_timeout
+        return min(requested, self.request_timeout)
+
+    async def timed(
+        self, stream: AsyncGenerator[T, None], timeout: float | None
     ) -> AsyncIterator[T]:
-        """Pass outputs through; release the slot at the end and enforce the deadline."""
-        timeout = timeout or self.request_timeout
+        """Pass outputs through until the deadline, then abort the stream and raise a 408."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
@@ -60,10 +111,7 @@ class Admission:
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
-                    await stream.aclose()  # aborts the request in the engine
                     raise RequestTimeoutError(f"Request timed out after {timeout:g} s") from None
                 yield output
         finally:
-            self.in_flight -= slots
-            self.finished.extend([time.monotonic()] * slots)
-            await stream.aclose()
+            await stream.aclose()  # aborts the engine requests if they are still running

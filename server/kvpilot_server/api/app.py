@@ -1,101 +1,106 @@
-"""The Starlette app: routes of the OpenAI-compatible API over the async engine."""
+"""The Starlette app: routes of the OpenAI-compatible API over the async engine.
 
-import json
+Every body is read under a size limit and a read timeout, parsed and tokenized on worker
+threads, and every route answers errors in OpenAI's shape. The event loop only moves bytes.
+"""
+
 import logging
-from typing import Literal
+from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.auth import ApiKeyMiddleware
-from kvpilot_server.api.completions import Completions
-from kvpilot_server.api.context import drop_oldest_turns
+from kvpilot_server.api.body import read_body
+from kvpilot_server.api.completions import CLIENT_CLOSED, Completions
 from kvpilot_server.api.errors import error_response, from_exception, from_validation
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.openapi import openapi_document
+from kvpilot_server.api.prompts import ContextOverflow, chat_prompt, text_prompt
 from kvpilot_server.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
+from kvpilot_server.api.request_scope import RequestScope
 from kvpilot_server.engine.async_engine import AsyncEngine
-from kvpilot_server.errors import InvalidRequestError
+from kvpilot_server.errors import KvpilotError, ModelNotFoundError
 
-ContextOverflow = Literal["reject", "truncate-oldest"]
 TRUNCATED_HEADER = "X-KVPilot-Dropped-Messages"
-MAX_BODY_BYTES = 4 << 20
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 
-def build_app(
-    engine: AsyncEngine,
-    served_model_name: str,
-    api_keys: list[str] | None = None,
-    admission: Admission | None = None,
-    context_overflow: ContextOverflow = "reject",
-) -> Starlette:
-    tokenizer = engine.engine.tokenizer
-    metrics = ServerMetrics(engine.engine, served_model_name)
-    admission = admission or Admission(max_waiting=256, request_timeout=None)
-    completions_api = Completions(engine, admission, metrics, served_model_name)
+@dataclass
+class ServerSettings:
+    """What `kvpilot serve` sets beyond the engine (see its --help)."""
 
-    async def parse(request: Request, model: type[BaseModel]) -> BaseModel | Response:
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            return error_response(413, f"Request body exceeds {MAX_BODY_BYTES} bytes")
-        try:
-            data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error_response(400, f"Request body is not valid JSON: {exc}")
-        if not isinstance(data, dict):
-            return error_response(400, "Request body must be a JSON object")
-        try:
-            parsed = model.model_validate(data)
-        except ValidationError as exc:
-            return from_validation(exc)
-        if parsed.model not in (None, served_model_name):
-            return error_response(404, f"The model {parsed.model!r} does not exist", "model")
+    served_model_name: str
+    api_keys: list[str] | None = None
+    max_waiting: int = 256
+    request_timeout: float | None = None  # seconds; a ceiling on a request's own `timeout`
+    context_overflow: ContextOverflow = "reject"
+    body_timeout: float | None = 30.0  # seconds without body data before a 408
+
+
+def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
+    name = settings.served_model_name
+    admission = Admission(
+        settings.max_waiting, settings.request_timeout, lambda: engine.stats, engine.max_num_seqs
+    )
+    metrics = ServerMetrics(engine, name, admission)
+    completions_api = Completions(engine, admission, metrics, name)
+    inputs = engine.inputs
+
+    async def parse(request: Request, model: type[M]) -> M:
+        body = await read_body(request, settings.body_timeout)
+        parsed = await engine.process(model.model_validate_json, body)
+        if parsed.model not in (None, name):  # type: ignore[attr-defined]
+            raise ModelNotFoundError(f"The model {parsed.model!r} does not exist")  # type: ignore[attr-defined]
         return parsed
 
     async def chat(request: Request) -> Response:
         parsed = await parse(request, ChatCompletionRequest)
-        if isinstance(parsed, Response):
-            return parsed
-        prompt, headers = chat_prompt([m.model_dump() for m in parsed.messages], parsed)
+        messages = [m.model_dump() for m in parsed.messages]
+        policy, room = settings.context_overflow, parsed.requested_tokens
+        prompt, dropped = await engine.process(chat_prompt, inputs, messages, room, policy)
+        headers = None if dropped is None else {TRUNCATED_HEADER: str(dropped)}
         return await completions_api.serve(request, parsed, prompt, chat=True, headers=headers)
-
-    def chat_prompt(
-        messages: list[dict], parsed: ChatCompletionRequest
-    ) -> tuple[list[int], dict[str, str] | None]:
-        """The prompt's token ids, after the context policy; headers that say what it did."""
-        if context_overflow == "reject":
-            return engine.engine.apply_chat_template(messages), None
-        limit, room = engine.engine.max_model_len, parsed.requested_tokens or 1
-
-        def fits(kept: list[dict]) -> bool:
-            return len(engine.engine.apply_chat_template(kept)) + room <= limit
-
-        messages, dropped = drop_oldest_turns(messages, fits)
-        return engine.engine.apply_chat_template(messages), {TRUNCATED_HEADER: str(dropped)}
 
     async def completions(request: Request) -> Response:
         parsed = await parse(request, CompletionRequest)
-        if isinstance(parsed, Response):
-            return parsed
-        return await completions_api.serve(request, parsed, parsed.prompt, chat=False)
+        prompt = await engine.process(text_prompt, inputs, parsed.prompt, parsed.max_tokens)
+        return await completions_api.serve(request, parsed, prompt, chat=False)
+
+    def tokenized(parsed: TokenizeRequest) -> JSONResponse:
+        """On a worker thread: a long prompt's JSON answer is large to render too."""
+        if parsed.messages is not None:
+            ids = inputs.chat([m.model_dump() for m in parsed.messages])
+        else:
+            ids = inputs.tokenizer(parsed.prompt or "").input_ids
+        limit = engine.max_model_len
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": limit})
+
+    async def tokenize(request: Request) -> Response:
+        return await engine.process(tokenized, await parse(request, TokenizeRequest))
+
+    async def detokenize(request: Request) -> Response:
+        parsed = await parse(request, DetokenizeRequest)
+        return JSONResponse({"prompt": await engine.process(inputs.decode, parsed.tokens)})
 
     async def models(_: Request) -> Response:
-        card = {"id": served_model_name, "object": "model", "created": 0, "owned_by": "kvpilot"}
+        card = {"id": name, "object": "model", "created": 0, "owned_by": "kvpilot"}
         return JSONResponse({"object": "list", "data": [card]})
 
-    document = openapi_document(served_model_name)
+    document = openapi_document(name)
 
     async def schema(_: Request) -> Response:
         return JSONResponse(document)
@@ -113,34 +118,31 @@ def build_app(
             return error_response(503, "Draining: finishing in-flight requests before exit")
         return await health(request)
 
-    async def invalid(_: Request, exc: Exception) -> Response:
+    async def known(_: Request, exc: Exception) -> Response:
         return from_exception(exc)
+
+    async def invalid_body(_: Request, exc: Exception) -> Response:
+        return from_validation(exc)  # type: ignore[arg-type]
+
+    async def client_left(_: Request, exc: Exception) -> Response:
+        return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the access log does
 
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "Internal server error")
 
-    async def tokenize(request: Request) -> Response:
-        parsed = await parse(request, TokenizeRequest)
-        if isinstance(parsed, Response):
-            return parsed
-        if parsed.messages is not None:
-            ids = engine.engine.apply_chat_template([m.model_dump() for m in parsed.messages])
-        else:
-            ids = tokenizer(parsed.prompt or "").input_ids
-        limit = engine.engine.max_model_len
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": limit})
-
-    async def detokenize(request: Request) -> Response:
-        parsed = await parse(request, DetokenizeRequest)
-        if isinstance(parsed, Response):
-            return parsed
-        return JSONResponse({"prompt": engine.engine.decode(parsed.tokens)})
-
-    return Starlette(
-        middleware=[Middleware(ApiKeyMiddleware, keys=api_keys or [])],
-        # Bad input found outside the completion path (chat template, token ids) is a 400.
-        exception_handlers={InvalidRequestError: invalid, Exception: unexpected},
+    app = Starlette(
+        # RequestScope inside the key check: a refused request holds nothing to release.
+        middleware=[
+            Middleware(ApiKeyMiddleware, keys=settings.api_keys or []),
+            Middleware(RequestScope),
+        ],
+        exception_handlers={
+            KvpilotError: known,
+            ValidationError: invalid_body,
+            ClientDisconnect: client_left,
+            Exception: unexpected,
+        },
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
@@ -153,3 +155,5 @@ def build_app(
             Route("/openapi.json", schema, methods=["GET"]),
         ],
     )
+    app.state.admission = admission  # the server's drain waits for it to empty
+    return app

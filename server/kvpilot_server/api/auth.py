@@ -1,8 +1,10 @@
 """API keys: `Authorization: Bearer <key>` on every route but the probes, /metrics and the
 API description (/openapi.json).
 
-Keys come from --api-key-file (one per line) and KVPILOT_API_KEYS (comma-separated). They are
-compared in constant time and never logged.
+Keys come from --api-key-file (one per line, `#` comments) and KVPILOT_API_KEYS
+(comma-separated). A source that is configured but yields no key stops the server at start:
+serving without authentication because a Secret was empty would fail open. Keys are compared
+in constant time and never logged.
 """
 
 import hmac
@@ -12,15 +14,33 @@ from pathlib import Path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvpilot_server.api.errors import error_response
+from kvpilot_server.errors import ConfigError
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
+ENV_VAR = "KVPILOT_API_KEYS"
 
 
 def load_api_keys(key_file: str | None) -> list[str]:
-    keys = [k.strip() for k in os.environ.get("KVPILOT_API_KEYS", "").split(",")]
+    """Every configured key; [] only when no source is configured (no authentication)."""
+    keys: list[str] = []
+    if (value := os.environ.get(ENV_VAR)) is not None:
+        found = _keys(value.split(","))
+        if not found:
+            raise ConfigError(f"{ENV_VAR} is set but holds no API key")
+        keys += found
     if key_file:
-        keys += [line.strip() for line in Path(key_file).read_text().splitlines()]
-    return [k for k in keys if k and not k.startswith("#")]
+        try:
+            found = _keys(Path(key_file).read_text().splitlines())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"Cannot read the API key file {key_file}: {exc}") from exc
+        if not found:
+            raise ConfigError(f"The API key file {key_file} holds no key (empty or only comments)")
+        keys += found
+    return keys
+
+
+def _keys(lines: list[str]) -> list[str]:
+    return [k for k in (line.strip() for line in lines) if k and not k.startswith("#")]
 
 
 class ApiKeyMiddleware:

@@ -23,9 +23,11 @@ from kvpilot_server.api.errors import from_exception
 from kvpilot_server.api.fanout import merge
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import SamplingFields
+from kvpilot_server.api.request_scope import exit_stack
 from kvpilot_server.engine.async_engine import AsyncEngine
 from kvpilot_server.errors import InvalidRequestError, OverloadedError
 from kvpilot_server.outputs import RequestOutput
+from kvpilot_server.sampling_params import SamplingParams
 
 Choice = tuple[int, RequestOutput]
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
@@ -36,34 +38,37 @@ class Completions:
         self, engine: AsyncEngine, admission: Admission, metrics: ServerMetrics, model: str
     ) -> None:
         self.engine, self.admission, self.metrics, self.model = engine, admission, metrics, model
-        self.tokenizer = engine.engine.tokenizer
+        self.tokenizer = engine.inputs.tokenizer
 
     async def serve(
         self,
         request: Request,
         parsed: SamplingFields,
-        prompt: str | list[int],
+        prompt: list[int],
         chat: bool,
         headers: dict[str, str] | None = None,
     ) -> Response:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         outputs: list[RequestOutput | None] = [None] * parsed.n
         done = _Accounting(request_id, outputs, self.metrics)
+        # Whatever happens from here on, the request's slots and engine requests are given
+        # back when the HTTP exchange ends: they are tied to the request's exit stack.
+        resources = exit_stack(request)
         try:
-            params = parsed.engine_params()
-            self.admission.admit(sum(self.engine.engine.stats().running.values()), parsed.n)
-            # Choice i samples with seed + i: reproducible, yet the choices differ.
-            seeds = [None if params.seed is None else params.seed + i for i in range(parsed.n)]
+            params = self._choice_params(parsed, len(prompt))
+            resources.enter_context(self.admission.admit(parsed.n))
             sources = [
                 self.engine.generate(
                     prompt,
-                    dataclasses.replace(params, seed=seeds[i]),
+                    choice,
                     request_id if parsed.n == 1 else f"{request_id}-{i}",
                     parsed.scheduling_class(),
                 )
-                for i in range(parsed.n)
+                for i, choice in enumerate(params)
             ]
-            stream = self.admission.track(merge(sources), parsed.timeout, parsed.n)
+            timeout = self.admission.deadline(parsed.timeout)
+            stream = self.admission.timed(merge(sources), timeout)
+            resources.push_async_callback(stream.aclose)
             first = await anext(stream)
         except Exception as exc:
             response = from_exception(exc)
@@ -72,7 +77,7 @@ class Completions:
             return response
         envelope = responses.Envelope(request_id, self.model, chat)
         to_logprobs = responses.chat_logprobs if chat else responses.completion_logprobs
-        wants_logprobs = params.logprobs is not None
+        wants_logprobs = params[0].logprobs is not None
 
         def logprobs(samples: list) -> dict | None:
             return to_logprobs(samples, self.tokenizer) if wants_logprobs and samples else None
@@ -101,6 +106,24 @@ class Completions:
             for o in finals
         ]
         return JSONResponse(envelope.full(finals, lps), headers=headers)
+
+    def _choice_params(self, parsed: SamplingFields, prompt_len: int) -> list[SamplingParams]:
+        """Each choice's sampling settings, after the per-request cost limits (docs/limits.md):
+        the prompt and completion fit the context, and all n choices fit the KV cache at once
+        (more would only preempt each other)."""
+        params = parsed.engine_params()
+        max_tokens = self.engine.inputs.max_tokens(prompt_len, params)
+        need, capacity = parsed.n * (prompt_len + max_tokens), self.engine.kv_capacity_tokens
+        if need > capacity:
+            raise InvalidRequestError(
+                f"n={parsed.n} choices of {prompt_len} prompt + {max_tokens} completion tokens "
+                f"need {need} tokens of KV cache at once; this server holds {capacity}. "
+                "Lower n or max_tokens.",
+                "n" if parsed.n > 1 else "max_tokens",
+            )
+        # Choice i samples with seed + i: reproducible, yet the choices differ.
+        seeds = [None if params.seed is None else params.seed + i for i in range(parsed.n)]
+        return [dataclasses.replace(params, seed=seed) for seed in seeds]
 
 
 class _Accounting:

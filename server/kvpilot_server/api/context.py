@@ -28,7 +28,21 @@ def drop_oldest_turns(
         dropped = set(turns[:k])
         return [m for i, m in enumerate(messages) if i not in dropped]
 
-    # Dropping more never makes the prompt longer, so the first cut that fits is found by bisection.
-    best = bisect.bisect_left(cuts, True, key=lambda k: fits(without(k)))
-    k = cuts[min(best, len(cuts) - 1)]
+    k = cuts[_first_true(len(cuts), lambda i: fits(without(cuts[i])))]
     return without(k), k
+
+
+def _first_true(n: int, test: Callable[[int], bool]) -> int:
+    """The first index in [0, n) where the monotone `test` (False... then True...) holds, or
+    n - 1 if none does. Searched from the end, galloping, then bisected: candidates near the
+    end keep little of the conversation, so each test costs about one context's worth of
+    tokenization instead of the whole (possibly megabytes long) conversation."""
+    hi = n - 1
+    if not test(hi):
+        return hi
+    step, lo = 1, hi - 1
+    while lo >= 0 and test(lo):
+        hi, step = lo, step * 2
+        lo = hi - step
+    lo = max(lo, -1)  # test(lo) is False (or lo is before the start); test(hi) is True
+    return lo + 1 + bisect.bisect_left(range(lo + 1, hi), True, key=test)

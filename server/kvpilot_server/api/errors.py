@@ -6,8 +6,11 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from kvpilot_server.errors import (
+    BodyTimeoutError,
     InvalidRequestError,
+    ModelNotFoundError,
     OverloadedError,
+    PayloadTooLargeError,
     RequestFailedError,
     RequestTimeoutError,
     UnavailableError,
@@ -17,6 +20,7 @@ _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
@@ -41,6 +45,10 @@ def error_response(
 def from_validation(exc: ValidationError) -> JSONResponse:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or None
+    if first["type"] == "json_invalid":
+        return error_response(400, f"Request body is not valid JSON: {first['msg']}")
+    if where is None and first["type"] == "model_type":
+        return error_response(400, "Request body must be a JSON object")
     return error_response(400, f"{where}: {first['msg']}" if where else first["msg"], where)
 
 
@@ -48,6 +56,12 @@ def from_exception(exc: Exception) -> JSONResponse:
     """Map the engine's own exceptions; anything else is a 500 with a generic message."""
     if isinstance(exc, InvalidRequestError):
         return error_response(400, str(exc), exc.param)
+    if isinstance(exc, ModelNotFoundError):
+        return error_response(404, str(exc), "model")
+    if isinstance(exc, PayloadTooLargeError | BodyTimeoutError):
+        # The body was not read to its end, so the connection cannot carry another request.
+        status = 413 if isinstance(exc, PayloadTooLargeError) else 408
+        return error_response(status, str(exc), headers={"Connection": "close"})
     if isinstance(exc, OverloadedError):
         return error_response(429, str(exc), headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, RequestTimeoutError):

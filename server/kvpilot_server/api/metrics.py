@@ -1,24 +1,25 @@
 """The engine's Prometheus metrics: request histograms and counters updated as outputs arrive,
-queue and cache state read from the engine at scrape time."""
+queue and cache state read at scrape time from the engine thread's latest stats snapshot."""
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kvpilot_server import metric_names as names
-from kvpilot_server.engine.llm_engine import LLMEngine
+from kvpilot_server.api.admission import Admission
+from kvpilot_server.engine.async_engine import AsyncEngine
 from kvpilot_server.outputs import RequestOutput
 
 
 class EngineCollector:
     """Gauges and counters the engine already keeps, read when Prometheus scrapes."""
 
-    def __init__(self, engine: LLMEngine, model: str) -> None:
+    def __init__(self, engine: AsyncEngine, model: str) -> None:
         self.engine, self.model = engine, model
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.engine.stats()
+        stats = self.engine.stats
         labels = ["model", "class"]
         waiting = GaugeMetricFamily(
             names.REQUESTS_WAITING, "Requests waiting to run", labels=labels
@@ -51,7 +52,7 @@ class EngineCollector:
             [
                 self.model,
                 str(cfg.block_size),
-                str(self.engine.pool.num_blocks),
+                str(self.engine.num_blocks),
                 str(self.engine.max_model_len),
             ],
             1,
@@ -65,10 +66,17 @@ class EngineCollector:
 
 
 class ServerMetrics:
-    def __init__(self, engine: LLMEngine, model: str) -> None:
+    def __init__(self, engine: AsyncEngine, model: str, admission: Admission) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine, model))
         self.model = model
+        in_flight = Gauge(
+            names.REQUESTS_IN_FLIGHT,
+            "Engine requests admitted by the HTTP server and not yet finished (one per choice)",
+            ["model"],
+            registry=self.registry,
+        )
+        in_flight.labels(model).set_function(lambda: admission.in_flight)
         buckets = names.LATENCY_BUCKETS
 
         def histogram(name: str, doc: str) -> Histogram:

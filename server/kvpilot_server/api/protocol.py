@@ -2,7 +2,8 @@
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from kvpilot_server.engine.sequence import Priority
 from kvpilot_server.errors import InvalidRequestError
@@ -10,13 +11,35 @@ from kvpilot_server.sampling_params import SamplingParams
 
 PositiveInt = Annotated[int, Field(ge=1)]
 MAX_CHOICES = 16
+# Stop strings are matched after every token of every choice, so their number and length are
+# bounded (docs/limits.md). OpenAI allows 4; clients of self-hosted models often send a model's
+# several end markers, so 16.
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
+
+
+def _check_stop(stop: str | list[str] | None) -> str | list[str] | None:
+    strings = [stop] if isinstance(stop, str) else stop or []
+    if len(strings) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_LENGTH for s in strings):
+        raise PydanticCustomError(
+            "stop_limit",
+            "at most {count} stop strings of at most {length} characters each "
+            "(got {got} strings, the longest {longest} characters)",
+            {
+                "count": MAX_STOP_STRINGS,
+                "length": MAX_STOP_LENGTH,
+                "got": len(strings),
+                "longest": max(map(len, strings)),
+            },
+        )
+    return stop
 
 
 class Body(BaseModel):
     """Strict types, as OpenAI's API: "5" is not a number and 0 is not false. Unknown fields are
     ignored, so clients written for newer OpenAI features still work."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(Body):
@@ -31,7 +54,7 @@ class SamplingFields(Body):
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, AfterValidator(_check_stop)] = None
     seed: int | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
@@ -44,7 +67,8 @@ class SamplingFields(Body):
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
     service_tier: Literal["auto", "default", "flex"] | None = None
-    timeout: Annotated[float, Field(gt=0.0)] | None = None  # seconds; overrides --request-timeout
+    # Seconds; --request-timeout is the ceiling: a request may shorten its deadline, not extend it.
+    timeout: Annotated[float, Field(gt=0.0)] | None = None
     priority: int = 0  # vLLM semantics, lower is more important: above 0 selects the batch class
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:

@@ -1,9 +1,12 @@
 """The engine behind an asyncio server: the step loop runs in its own thread.
 
 Callers talk to the loop through an inbox (add, abort); outputs come back on one asyncio queue
-per request. Only the loop thread touches engine state, so the engine needs no locks. A consumer
-that stops iterating (client gone, timeout, cancellation) aborts its request, and the abort
-frees its KV blocks before the next step.
+per request. Only the loop thread touches engine state, so the engine needs no locks; it
+publishes an immutable stats snapshot after each step for everyone else. A consumer that stops
+iterating (client gone, timeout, cancellation) aborts its request, and the abort frees its KV
+blocks before the next step. Prompt processing (templates, tokenization) runs on a small pool
+of worker threads: on the event loop it would stall every connection, on the engine thread
+every sequence.
 """
 
 import asyncio
@@ -13,10 +16,12 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from kvpilot_server.config import EngineConfig
-from kvpilot_server.engine.llm_engine import LLMEngine
+from kvpilot_server.engine.inputs import InputProcessor
+from kvpilot_server.engine.llm_engine import EngineStats, LLMEngine
 from kvpilot_server.engine.sequence import Priority
 from kvpilot_server.errors import EngineDeadError, RequestFailedError
 from kvpilot_server.outputs import RequestOutput
@@ -24,6 +29,10 @@ from kvpilot_server.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.05
+# Two workers: a second long prompt need not wait for the first, and on a small machine the
+# engine thread keeps a core.
+_INPUT_WORKERS = 2
+T = TypeVar("T")
 
 
 class AsyncEngine:
@@ -38,7 +47,9 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="kvpilot-engine", daemon=True)
+        self._workers = ThreadPoolExecutor(_INPUT_WORKERS, thread_name_prefix="kvpilot-inputs")
         self.error: BaseException | None = None  # set if the loop itself died
+        self.stats: EngineStats  # the latest snapshot, replaced (never changed) by the loop
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "AsyncEngine":
@@ -60,6 +71,37 @@ class AsyncEngine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
+        self._workers.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def inputs(self) -> InputProcessor:
+        """Read-only after start: safe from any thread (see process())."""
+        return self.engine.inputs
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV cache holds: a bound on what one request's choices may need at once."""
+        return self.num_blocks * self.engine.pool.block_size
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def num_blocks(self) -> int:
+        return self.engine.pool.num_blocks
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.engine.config.max_num_seqs
+
+    async def process(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run CPU-heavy input work (fn(*args), e.g. on self.inputs) on a worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
     @property
     def alive(self) -> bool:
@@ -131,6 +173,8 @@ class AsyncEngine:
             self.error = exc
             return
         finally:
+            if self.engine is not None:
+                self.stats = self.engine.stats()
             self._built.set()
         self._loop()
 
@@ -148,6 +192,7 @@ class AsyncEngine:
             while not self._stop.is_set():
                 self._drain_inbox()
                 if not self.engine.has_unfinished_requests():
+                    self.stats = self.engine.stats()
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
                     continue
@@ -156,6 +201,7 @@ class AsyncEngine:
                 except Exception as exc:  # an engine bug: fail what is in flight, keep serving
                     log.exception("engine step failed outside any request")
                     outputs = self.engine.fail_all(exc)
+                self.stats = self.engine.stats()
                 for output in outputs:
                     self._deliver(output)
         except BaseException as exc:

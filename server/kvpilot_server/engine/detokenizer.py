@@ -6,6 +6,8 @@ that could still be the start of a stop string is also held back, so a stream ne
 characters that later turn out to belong to a stop string.
 """
 
+import functools
+
 from transformers import PreTrainedTokenizerBase
 
 # Prompt tokens decoded in front of the output so that tokenizers which drop a leading space
@@ -69,10 +71,11 @@ class Detokenizer:
         return True
 
     def _held_back(self) -> int:
-        """Length of the longest tail of the text that is a proper prefix of a stop string."""
+        """Length of the longest tail of the text that is a proper prefix of a stop string:
+        one set lookup per candidate length, whatever the number of stop strings."""
+        prefixes = _proper_prefixes(tuple(self.stop))
         for n in range(min(len(self.text), self._longest_stop() - 1), 0, -1):
-            tail = self.text[-n:]
-            if any(s.startswith(tail) for s in self.stop):
+            if self.text[-n:] in prefixes:
                 return n
         return 0
 
@@ -83,3 +86,8 @@ class Detokenizer:
         upto = max(upto, self.emitted)
         piece, self.emitted = self.text[self.emitted : upto], upto
         return piece
+
+
+@functools.lru_cache(maxsize=8)  # the n choices of a request share their stop strings
+def _proper_prefixes(stop: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(s[:k] for s in stop for k in range(1, len(s)))

@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass
 
 import torch
-from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine import kv_cache
 from kvpilot_server.engine.block_pool import BlockPool
 from kvpilot_server.engine.detokenizer import Detokenizer
+from kvpilot_server.engine.inputs import InputProcessor
 from kvpilot_server.engine.loader import load_model
 from kvpilot_server.engine.model_runner import ModelRunner
 from kvpilot_server.engine.quant import quantize
@@ -24,12 +24,7 @@ from kvpilot_server.engine.request import Request
 from kvpilot_server.engine.sampler import Sampler
 from kvpilot_server.engine.scheduler import Scheduler
 from kvpilot_server.engine.sequence import Priority, Sequence
-from kvpilot_server.errors import (
-    ConfigError,
-    ContextOverflowError,
-    InvalidRequestError,
-    ModelLoadError,
-)
+from kvpilot_server.errors import ConfigError, InvalidRequestError, ModelLoadError
 from kvpilot_server.models.resolve import resolve_model
 from kvpilot_server.outputs import RequestMetrics, RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
@@ -37,8 +32,11 @@ from kvpilot_server.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineStats:
+    """A snapshot: the engine thread makes a new one after each step, readers never see it
+    change (a list being sorted in place reads as empty from another thread)."""
+
     running: dict[Priority, int]
     waiting: dict[Priority, int]
     kv_cache_usage: float
@@ -68,6 +66,7 @@ class LLMEngine:
             self.model, cache, config.block_size, self.max_model_len, self._cpu_kernel()
         )
         self.sampler = Sampler(cfg.eos_token_ids, config.seed)
+        self.inputs = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)
         self.requests: dict[str, Request] = {}
 
     def _num_blocks(self) -> int:
@@ -98,8 +97,8 @@ class LLMEngine:
     ) -> None:
         if request_id in self.requests:
             raise InvalidRequestError(f"Request id {request_id!r} is already in use")
-        token_ids = self._tokenize(prompt)
-        max_tokens = self._max_tokens(len(token_ids), params)
+        token_ids = self.inputs.encode(prompt)
+        max_tokens = self.inputs.max_tokens(len(token_ids), params)
         seq = Sequence(request_id, token_ids, params, max_tokens, priority)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
@@ -123,42 +122,7 @@ class LLMEngine:
         self.scheduler.add(seq)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        """Token ids of a conversation in the model's own chat template, ready to generate."""
-        try:
-            encoded = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=True
-            )
-        except TemplateError as exc:  # templates raise on what they do not accept (role order)
-            raise InvalidRequestError(f"The chat template rejected the messages: {exc}") from exc
-        return list(encoded["input_ids"])
-
-    def decode(self, token_ids: list[int]) -> str:
-        self._check_ids(token_ids, "tokens")
-        return self.tokenizer.decode(token_ids)
-
-    def _check_ids(self, token_ids: list[int], param: str) -> None:
-        vocab = self.model.cfg.vocab_size
-        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"Token ids must be integers in [0, {vocab}); got {bad[:5]}", param
-            )
-
-    def _tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            token_ids = self.tokenizer(prompt).input_ids
-        else:
-            token_ids = list(prompt)
-            self._check_ids(token_ids, "prompt")
-        if not token_ids:
-            raise InvalidRequestError("The prompt is empty", "prompt")
-        return token_ids
-
-    def _max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
-        room = self.max_model_len - prompt_len
-        if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
-            raise ContextOverflowError(self.max_model_len, prompt_len, params.max_tokens)
-        return params.max_tokens or room
+        return self.inputs.chat(messages)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         request = self.requests.get(request_id)
