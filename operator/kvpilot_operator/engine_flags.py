@@ -47,5 +47,8 @@ def engine_args(spec: dict, name: str) -> list[str]:
         args["--kv-cache-dtype"] = engine["kvCacheDtype"].lower()
     if spec.get("auth", {}).get("apiKeySecretRef"):
         args["--api-key-file"] = f"{KEYS_DIR}/{spec['auth']['apiKeySecretRef']['key']}"
-    flat = [x for pair in args.items() for x in pair]
+    # One word per flag, --flag=value: argparse reads `--served-model-name -x` as two flags and
+    # exits (a crash loop), so a value from the spec must never stand alone where it could look
+    # like one.
+    flat = [f"{flag}={value}" for flag, value in args.items()]
     return flat if engine["enablePrefixCaching"] else [*flat, "--no-enable-prefix-caching"]

@@ -163,7 +163,8 @@ def download_container(spec: dict, image: str) -> Object:
     model = spec["model"]
     repo = model["source"].removeprefix("hf://")
     command = ["timeout", str(model["downloadTimeoutSeconds"]), "hf", "download", repo]
-    command += ["--revision", model["revision"], "--local-dir", model_path(model["source"])]
+    # --flag=value, as for the server: a revision is the user's and must not be read as a flag.
+    command += [f"--revision={model['revision']}", f"--local-dir={model_path(model['source'])}"]
     env = [{"name": "HF_HOME", "value": f"{CACHE_DIR}/hf"}, {"name": "HOME", "value": "/tmp"}]
     if model.get("tokenSecretRef"):
         ref = model["tokenSecretRef"]

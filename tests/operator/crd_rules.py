@@ -1,17 +1,30 @@
 """Validate an object as the API server would against the CRD: its structural schema with
-jsonschema, then every x-kubernetes-validations CEL rule with cel-python, at the node it sits on."""
+jsonschema, then every x-kubernetes-validations CEL rule with cel-python, at the node it sits on.
+Patterns and CEL's matches() both run on RE2, as Go's regexp in the API server does."""
 
 from collections.abc import Iterator
 from typing import Any
 
 import celpy
 import jsonschema
+import re2
 
 from kvpilot_operator import crd
 
 
+def _re2_pattern(validator: Any, pattern: str, instance: Any, _: dict) -> Iterator[Any]:
+    # Python's re differs where it matters: its $ also matches before a trailing newline.
+    if validator.is_type(instance, "string") and not re2.search(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator, {"pattern": _re2_pattern}
+)
+
+
 def schema_errors(obj: dict) -> list[str]:
-    validator = jsonschema.Draft202012Validator(crd.schema())
+    validator = _Validator(crd.schema())
     return [
         f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)
     ]

@@ -5,6 +5,7 @@ import copy
 from pathlib import Path
 
 import pytest
+import re2
 import yaml
 
 from kvpilot_operator import crd
@@ -78,6 +79,30 @@ def test_invalid_manifests_are_rejected_with_the_intended_message(obj, message):
     assert any(message in e for e in found), found
 
 
+# (field under spec, value, accepted): the rules that keep user input from reaching the server
+# as something else (a flag, a path outside its volume), each both ways.
+FIELD_CASES = [
+    ("model.servedModelName", "Qwen/Qwen2.5-7B-Instruct", True),
+    ("model.servedModelName", "meta-llama/Llama-3.1-8B-Instruct", True),
+    ("model.servedModelName", "my-model:v2", True),
+    ("model.servedModelName", "org/model@v1+cpu_2", True),
+    ("model.servedModelName", "a" * 256, True),
+    ("model.servedModelName", "-model", False),
+    ("model.servedModelName", "--help", False),
+    ("model.servedModelName", ".hidden", False),
+    ("model.servedModelName", "my model", False),
+    ("model.servedModelName", "model\n", False),
+    ("model.servedModelName", "", False),
+    ("model.servedModelName", "a" * 257, False),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "accepted"), FIELD_CASES)
+def test_field_rules_accept_and_reject(field, value, accepted):
+    found = errors(_with({field: value}))
+    assert (found == []) == accepted, found
+
+
 def test_schema_conventions():
     version = crd.crd()["spec"]["versions"][0]
     assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.selector"
@@ -87,3 +112,5 @@ def test_schema_conventions():
     for path, node in _walk(crd.schema()["properties"]["spec"], "spec"):
         assert node.get("description"), f"{path} has no description"
         assert node.get("type") != "number", f"{path}: no floats in spec, integers with units"
+        if "pattern" in node:
+            re2.compile(node["pattern"])  # the API server's Go regexp speaks RE2 only

@@ -67,7 +67,7 @@ def test_lifecycle_apply_ready_change_scale_unschedulable_delete(cluster):
     deployment = wait_for("the Deployment", lambda: cluster.get(DEPLOYMENTS, name))
     assert _owned_by(deployment, md) and _owned_by(cluster.get(SERVICES, name), md)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--model") + 1] == "builtin://smollm2-135m-instruct"
+    assert "--model=builtin://smollm2-135m-instruct" in args
 
     cluster.run_deployment_controller()
     ready = wait_for("Ready", lambda: _condition(cluster, name, "Ready").get("status") == "True")
@@ -93,7 +93,7 @@ def test_lifecycle_apply_ready_change_scale_unschedulable_delete(cluster):
 
     def rolled() -> bool:
         container = cluster.get(DEPLOYMENTS, name)["spec"]["template"]["spec"]["containers"][0]
-        return container["args"][container["args"].index("--max-num-seqs") + 1] == "8"
+        return "--max-num-seqs=8" in container["args"]
 
     wait_for("the Deployment to take the new spec", rolled)
     wait_for(
@@ -160,7 +160,7 @@ def test_operator_restarted_mid_way_converges_without_duplicates(cluster, tmp_pa
 
     def caught_up() -> bool:
         container = cluster.get(DEPLOYMENTS, "smollm2")["spec"]["template"]["spec"]["containers"][0]
-        return container["args"][container["args"].index("--max-num-seqs") + 1] == "4"
+        return "--max-num-seqs=4" in container["args"]
 
     wait_for("the first Deployment to catch up", caught_up)
     names = sorted(d["metadata"]["name"] for d in cluster.list(DEPLOYMENTS))

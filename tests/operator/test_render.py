@@ -1,6 +1,7 @@
 """render(): every object passes the official Kubernetes schemas (strict), and the pod spec says
 what the issue asks: probes sized for loading, drain on stop, hardening, GPU limits, flags."""
 
+import argparse
 from pathlib import Path
 
 import kubernetes_validate
@@ -9,6 +10,7 @@ import yaml
 
 from kvpilot_operator import crd
 from kvpilot_operator.render import render
+from kvpilot_server import cli
 
 SAMPLES = sorted((Path(__file__).parents[2] / "crds" / "samples").glob("*.yaml"))
 # The oldest version we support (PreStop sleep needs 1.30) and the newest the package knows.
@@ -37,13 +39,18 @@ def _pod(objects: list[dict]) -> dict:
     return _by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
 
 
+def _flags(args: list[str]) -> dict[str, str]:
+    """The server's --flag=value args as a dict (after `serve`)."""
+    return dict(a.split("=", 1) for a in args[1:] if "=" in a)
+
+
 def test_builtin_cpu_sample():
     objects = render(_body(SAMPLES[0]), IMAGE)
     assert sorted(_by_kind(objects)) == ["Deployment", "Service"]  # one replica: no PDB
     pod = _pod(objects)
     (server,) = pod["containers"]
     args = server["args"]
-    flag = dict(zip(args[1::2], args[2::2], strict=False))
+    flag = _flags(args)
     assert args[0] == "serve" and flag["--model"] == "builtin://smollm2-135m-instruct"
     assert flag["--device"] == "cpu" and int(flag["--kv-cache-bytes"]) > 1 << 30
     assert flag["--served-model-name"] == "smollm2" and flag["--max-model-len"] == "2048"
@@ -73,15 +80,14 @@ def test_hf_gpu_sample_downloads_first_and_asks_for_a_gpu():
     assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     (server,) = pod["containers"]
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    args = server["args"]
-    assert args[args.index("--model") + 1] == "/var/cache/kvpilot/models/Qwen/Qwen2.5-7B-Instruct"
-    assert args[args.index("--quantization") + 1] == "int8"
-    assert "--quantization-group-size" not in args  # int4 only
-    assert args[args.index("--api-key-file") + 1] == "/etc/kvpilot/keys/api-keys"
+    flag = _flags(server["args"])
+    assert flag["--model"] == "/var/cache/kvpilot/models/Qwen/Qwen2.5-7B-Instruct"
+    assert flag["--quantization"] == "int8"
+    assert "--quantization-group-size" not in flag  # int4 only
+    assert flag["--api-key-file"] == "/etc/kvpilot/keys/api-keys"
     body["spec"]["engine"] |= {"quantization": "Int4", "quantizationGroupSize": 64}
-    args = _pod(render(body, IMAGE))["containers"][0]["args"]
-    assert args[args.index("--quantization") + 1] == "int4"
-    assert args[args.index("--quantization-group-size") + 1] == "64"
+    flag = _flags(_pod(render(body, IMAGE))["containers"][0]["args"])
+    assert flag["--quantization"] == "int4" and flag["--quantization-group-size"] == "64"
     deployment = _by_kind(objects)["Deployment"]
     assert deployment["spec"]["replicas"] == 1  # autoscaling: within min and max
 
@@ -97,9 +103,8 @@ def test_pvc_sample_mounts_the_claim_and_schedules_as_asked():
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
     assert pod["priorityClassName"] == "inference-high"
-    args = pod["containers"][0]["args"]
-    assert args[args.index("--model") + 1] == "/models/llama-3.1-8b-instruct"
-    assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
+    flag = _flags(pod["containers"][0]["args"])
+    assert flag["--model"] == "/models/llama-3.1-8b-instruct" and flag["--kv-cache-dtype"] == "fp8"
 
 
 def test_render_is_deterministic_and_a_spec_change_changes_the_pod_template():
@@ -110,3 +115,36 @@ def test_render_is_deterministic_and_a_spec_change_changes_the_pod_template():
     before = _by_kind(render(body, IMAGE))["Deployment"]["spec"]["template"]
     after = _by_kind(render(changed, IMAGE))["Deployment"]["spec"]["template"]
     assert before != after
+
+
+class _Parsed(Exception):
+    def __init__(self, namespace: argparse.Namespace) -> None:
+        self.namespace = namespace
+
+
+def _server_reads(args: list[str], monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
+    """What the server's own command line makes of `args`, without running the command."""
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, argv=None, namespace=None):
+        raise _Parsed(parse(self, argv, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    with pytest.raises(_Parsed) as parsed:
+        cli.main(args)
+    return parsed.value.namespace
+
+
+def test_the_servers_parser_reads_every_user_value_as_a_value(monkeypatch):
+    # A CRD older than the operator lets a name starting with '-' through; the server must
+    # still start (argparse read `--served-model-name -x` as two flags and exited: a crash loop).
+    body = _body(next(s for s in SAMPLES if s.name.startswith("hf-")))
+    body["spec"]["model"]["servedModelName"] = "--help"
+    pod = _pod(render(body, IMAGE))
+    server = _server_reads(pod["containers"][0]["args"], monkeypatch)
+    assert server.served_model_name == "--help" and server.quantization == "int8"
+    assert server.model == "/var/cache/kvpilot/models/Qwen/Qwen2.5-7B-Instruct"
+    assert server.enable_prefix_caching is True and server.device == "cuda"
+    body["spec"]["model"]["revision"] = "-rev"
+    download = _pod(render(body, IMAGE))["initContainers"][0]["command"]
+    assert "--revision=-rev" in download and "-rev" not in download
