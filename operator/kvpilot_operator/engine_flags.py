@@ -1,6 +1,7 @@
 """The pod's file layout and the `kvpilot serve` flags a ModelDeployment's spec turns into."""
 
 from kvpilot_operator.fit import DTYPE_FLAGS, cpu_kv_cache_bytes
+from kvpilot_operator.source import problem, pvc
 
 PORT = 8000
 CACHE_DIR = "/var/cache/kvpilot"  # model cache volume: downloads and converted models
@@ -9,11 +10,15 @@ KEYS_DIR = "/etc/kvpilot/keys"
 
 
 def model_path(source: str) -> str:
-    """Where the server finds the weights inside the pod."""
+    """Where the server finds the weights inside the pod. ValueError for a source the operator
+    does not serve, so that no pod is ever rendered with a path outside its volumes."""
+    invalid = problem(source)
+    if invalid:
+        raise ValueError(invalid)
     if source.startswith("hf://"):
         return f"{CACHE_DIR}/models/{source.removeprefix('hf://')}"
     if source.startswith("pvc://"):
-        return f"{PVC_DIR}/{source.removeprefix('pvc://').split('/', 1)[1]}"
+        return f"{PVC_DIR}/{pvc(source).path}"
     return source  # builtin:// ships in the image
 
 

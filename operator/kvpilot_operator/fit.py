@@ -6,6 +6,7 @@ from typing import Any
 
 from lightkube.utils.quantity import parse_quantity
 
+from kvpilot_operator.source import problem as source_problem
 from kvpilot_server.memory_model import (
     FP8_COMPUTE_CAPABILITY,
     GPU_COMPUTE_CAPABILITY,
@@ -86,10 +87,15 @@ def unsupported_precision(spec: dict) -> str | None:
 
 
 def check(spec: dict) -> Fit:
+    """Whether the spec can be served: a source the operator refuses and a precision the engine
+    refuses fail like a model too big for the GPU, before any pod."""
+    source = spec["model"]["source"]
+    invalid = source_problem(source)
+    if invalid:
+        return Fit(False, invalid, reason="InvalidModelSource")
     problem = unsupported_precision(spec)
     if problem:
         return Fit(False, problem, reason="UnsupportedPrecision")
-    source = spec["model"]["source"]
     shape, memory = KNOWN_MODELS.get(source), device_memory_bytes(spec)
     if shape is None:
         return Fit(None, f"fit not checked: the size of {source} is not known before download")

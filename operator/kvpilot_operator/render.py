@@ -16,6 +16,7 @@ from kvpilot_operator.engine_flags import (
     model_path,
 )
 from kvpilot_operator.naming import labels, selector_labels
+from kvpilot_operator.source import pvc
 
 PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and load balancers notice the pod is gone
 Object = dict[str, Any]
@@ -191,7 +192,7 @@ def volumes(spec: dict) -> list[Object]:
     ]
     source = spec["model"]["source"]
     if source.startswith("pvc://"):
-        claim = source.removeprefix("pvc://").split("/", 1)[0]
+        claim = pvc(source).claim
         found.append(
             {"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         )

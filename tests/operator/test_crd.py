@@ -8,7 +8,7 @@ import pytest
 import re2
 import yaml
 
-from kvpilot_operator import crd
+from kvpilot_operator import crd, source
 from tests.operator.crd_rules import errors, schema_errors
 
 SAMPLES = sorted((Path(__file__).parents[2] / "crds" / "samples").glob("*.yaml"))
@@ -101,6 +101,42 @@ FIELD_CASES = [
 def test_field_rules_accept_and_reject(field, value, accepted):
     found = errors(_with({field: value}))
     assert (found == []) == accepted, found
+
+
+# The CRD's rule and the operator's own check (for servers where CEL does not run) must agree.
+SOURCE_CASES = [
+    ("pvc://model-store/llama-3.1-8b-instruct", True),
+    ("pvc://store/models/Qwen2.5-7B-Instruct", True),
+    ("pvc://store/runs/lr=1e-5,bs=32/step_1000", True),
+    ("pvc://store/a/.cache/b", True),
+    ("hf://Qwen/Qwen2.5-7B-Instruct", True),
+    ("builtin://smollm2-135m-instruct", True),
+    ("pvc://store/../..", False),
+    ("pvc://store/models/../../etc", False),
+    ("pvc://store/..", False),
+    ("pvc://store/./model", False),
+    ("pvc://store/...", False),
+    ("pvc://store/a//b", False),
+    ("pvc://store//abs", False),
+    ("pvc://store/model/", False),
+    ("pvc://store/", False),
+    ("pvc://store", False),
+    ("pvc://store/my model", False),
+    ("pvc://store/a\tb", False),
+    ("pvc://store/model\n", False),
+    ("pvc://store/a\x00b", False),
+    ("pvc://store/a\x7fb", False),
+    ("pvc://Store/model", False),
+    ("hf://org/..", False),
+    ("s3://bucket/model", False),
+]
+
+
+@pytest.mark.parametrize(("value", "accepted"), SOURCE_CASES)
+def test_the_crd_and_the_operator_agree_on_model_sources(value, accepted):
+    found = errors(_with({"model.source": value}))
+    assert (found == []) == accepted, found
+    assert (source.problem(value) is None) == accepted
 
 
 def test_schema_conventions():

@@ -146,6 +146,17 @@ def test_a_model_that_cannot_fit_creates_no_pods_and_says_why(cluster):
     assert cluster.get(DEPLOYMENTS, name) is None
 
 
+def test_a_path_outside_the_claim_creates_no_pods_and_says_why(cluster):
+    # The stand-in, like an API server without CEL, lets the source through.
+    body = _sample("pvc-tolerations.yaml")
+    body["spec"]["model"]["source"] = "pvc://model-store/../.."
+    name = cluster.create(MD, body)["metadata"]["name"]
+    wait_for("Degraded", lambda: _condition(cluster, name, "Degraded").get("status") == "True")
+    condition = _condition(cluster, name, "Degraded")
+    assert condition["reason"] == "InvalidModelSource" and "'..'" in condition["message"]
+    assert cluster.get(DEPLOYMENTS, name) is None
+
+
 def test_operator_restarted_mid_way_converges_without_duplicates(cluster, tmp_path):
     first = cluster.create(MD, _sample("builtin-cpu.yaml"))
     wait_for("the Deployment", lambda: cluster.get(DEPLOYMENTS, "smollm2"))

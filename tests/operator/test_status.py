@@ -5,6 +5,7 @@ import pytest
 
 from kvpilot_operator import crd
 from kvpilot_operator.fit import Fit, check
+from kvpilot_operator.render import render
 from kvpilot_operator.status import changed, status
 
 NOW, LATER = "2026-11-30T10:00:00Z", "2026-11-30T10:05:00Z"
@@ -176,6 +177,21 @@ def test_fp8_where_the_engine_would_refuse_it_is_degraded_before_any_pod(resourc
         1, resources={"gpus": 1, "gpuType": "H100-80GB"}, engine={"quantization": "FP8"}
     )
     assert check(on_h100["spec"]).fits is True
+
+
+@pytest.mark.parametrize(
+    "source", ["pvc://store/../..", "pvc://store/models//llama", "pvc://store/my model"]
+)
+def test_an_invalid_source_is_degraded_and_renders_no_pod(source):
+    # The CRD's CEL rule refuses these, but not every API server runs CEL.
+    body = _body(1, model={"source": source})
+    fit = check(body["spec"])
+    assert fit.fits is False
+    result = status(body, None, [], fit, NOW)
+    assert _conditions(result)["Degraded"] == ("True", "InvalidModelSource")
+    assert "no empty, '.' or '..' segments" in _message(result, "Degraded")
+    with pytest.raises(ValueError, match="must be relative"):
+        render(body, "kvpilot:test")
 
 
 def test_transition_time_moves_only_when_the_status_flips():
