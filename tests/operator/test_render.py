@@ -148,3 +148,14 @@ def test_the_servers_parser_reads_every_user_value_as_a_value(monkeypatch):
     body["spec"]["model"]["revision"] = "-rev"
     download = _pod(render(body, IMAGE))["initContainers"][0]["command"]
     assert "--revision=-rev" in download and "-rev" not in download
+
+
+def test_spec_image_overrides_the_operators_own_in_every_container():
+    body = _body(next(s for s in SAMPLES if s.name.startswith("hf-")))
+    body["spec"]["image"] = "registry.example.com/kvpilot:patched"
+    pod = _pod(render(body, IMAGE))
+    images = {c["image"] for c in pod["containers"] + pod["initContainers"]}
+    assert images == {"registry.example.com/kvpilot:patched"}
+    del body["spec"]["image"]
+    pod = _pod(render(body, IMAGE))
+    assert {c["image"] for c in pod["containers"] + pod["initContainers"]} == {IMAGE}

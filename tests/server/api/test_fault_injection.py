@@ -15,7 +15,6 @@ from kvpilot_server.engine.inputs import InputProcessor
 from kvpilot_server.engine.llm_engine import LLMEngine
 from tests.server.api.in_process import serve_in_process
 
-# n=2 with --max-waiting 4: three requests take six slots, so one leaked slot shows as a 429.
 BODY = {
     "model": "tiny",
     "messages": [{"role": "user", "content": "Tell me about rivers."}],
