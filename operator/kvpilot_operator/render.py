@@ -30,8 +30,10 @@ def desired_replicas(spec: dict) -> int:
 
 
 def render(body: dict, image: str) -> list[Object]:
-    """Deployment and Service, plus a PodDisruptionBudget when more than one replica runs."""
+    """Deployment and Service, plus a PodDisruptionBudget when more than one replica runs.
+    `image` is the operator's own version, used unless spec.image names another."""
     name, namespace, spec = body["metadata"]["name"], body["metadata"]["namespace"], body["spec"]
+    image = spec.get("image") or image
     meta = {"name": name, "namespace": namespace, "labels": labels(name)}
     replicas = desired_replicas(spec)
     objects = [deployment(meta, spec, image, replicas), service(meta, spec)]
