@@ -1,6 +1,8 @@
 """Will the model fit? The memory model applied to a spec before any pod is created: weights plus
-a KV cache for at least one sequence of maxModelLen must fit in one replica's device memory."""
+a KV cache for at least one sequence of maxModelLen must fit in one replica's device memory. And
+how much disk its model cache may take."""
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +14,7 @@ from kvpilot_server.memory_model import (
     GPU_COMPUTE_CAPABILITY,
     GPU_MEMORY_MIB,
     KNOWN_MODELS,
+    GiB,
     MiB,
     ModelShape,
     plan,
@@ -20,6 +23,17 @@ from kvpilot_server.memory_model import (
 CPU_HEADROOM_BYTES = 1 << 30
 # spec.engine.dtype -> the server's --dtype; auto is float32 on CPU, bfloat16 on GPUs.
 DTYPE_FLAGS = {"Auto": "auto", "Float32": "float32", "BFloat16": "bfloat16", "Float16": "float16"}
+# The model cache volume's size limit (an emptyDir's sizeLimit: the kubelet evicts the pod that
+# writes more, rather than a runaway download filling the node's disk and evicting others).
+# Derived from the model, not one default, because a 135M and a 70B model differ 500-fold. On disk
+# a checkpoint takes at most 4 bytes per parameter: float32 (the builtin model is converted to
+# it), or 16 bits shipped twice (Llama's original/, Mistral's consolidated.safetensors; `hf
+# download` fetches the whole repository). A quarter more and 2 GiB cover tokenizers, metadata
+# and the HF cache. resources.modelCacheGiB overrides it, e.g. for a large uncatalogued model.
+CHECKPOINT_BYTES_PER_PARAM = 4
+CACHE_SLACK = 1.25
+CACHE_BASE_BYTES = 2 * GiB  # also all a pvc:// pod's cache holds: its weights stay on the claim
+UNKNOWN_MODEL_CACHE_GIB = 100  # an hf:// model the memory model does not know (~20B parameters)
 
 
 @dataclass(frozen=True)
@@ -131,3 +145,17 @@ def cpu_kv_cache_bytes(spec: dict) -> int:
     if shape is None:
         return max(64 * MiB, memory // 4)
     return max(64 * MiB, _plan(spec, shape, memory).kv_cache_bytes)
+
+
+def model_cache_gib(spec: dict) -> int:
+    """The model cache volume's size limit in GiB (see CHECKPOINT_BYTES_PER_PARAM)."""
+    source = spec["model"]["source"]
+    if spec["resources"].get("modelCacheGiB"):
+        return spec["resources"]["modelCacheGiB"]
+    if source.startswith("pvc://"):
+        return CACHE_BASE_BYTES // GiB
+    shape = KNOWN_MODELS.get(source)
+    if shape is None:
+        return UNKNOWN_MODEL_CACHE_GIB
+    checkpoint = shape.params * CHECKPOINT_BYTES_PER_PARAM * CACHE_SLACK
+    return math.ceil((checkpoint + CACHE_BASE_BYTES) / GiB)

@@ -15,10 +15,13 @@ from kvpilot_operator.engine_flags import (
     engine_args,
     model_path,
 )
+from kvpilot_operator.fit import model_cache_gib
 from kvpilot_operator.naming import labels, selector_labels
 from kvpilot_operator.source import pvc
 
 PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and load balancers notice the pod is gone
+# /tmp is HOME and Python's temporary directory, never weights: a modest limit bounds a runaway.
+TMP_SIZE_LIMIT = "1Gi"
 Object = dict[str, Any]
 
 
@@ -189,8 +192,8 @@ def volumes(spec: dict) -> list[Object]:
     shm = {"medium": "Memory", "sizeLimit": f"{spec['resources']['shmMiB']}Mi"}
     found = [
         {"name": "shm", "emptyDir": shm},
-        {"name": "tmp", "emptyDir": {}},
-        {"name": "model-cache", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
+        {"name": "model-cache", "emptyDir": {"sizeLimit": f"{model_cache_gib(spec)}Gi"}},
     ]
     source = spec["model"]["source"]
     if source.startswith("pvc://"):

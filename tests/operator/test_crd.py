@@ -79,8 +79,7 @@ def test_invalid_manifests_are_rejected_with_the_intended_message(obj, message):
     assert any(message in e for e in found), found
 
 
-# (field under spec, value, accepted): the rules that keep user input from reaching the server
-# as something else (a flag, a path outside its volume), each both ways.
+# (field under spec, value, accepted): rules on user input, each both ways.
 FIELD_CASES = [
     ("model.servedModelName", "Qwen/Qwen2.5-7B-Instruct", True),
     ("model.servedModelName", "meta-llama/Llama-3.1-8B-Instruct", True),
@@ -94,6 +93,11 @@ FIELD_CASES = [
     ("model.servedModelName", "model\n", False),
     ("model.servedModelName", "", False),
     ("model.servedModelName", "a" * 257, False),
+    ("resources.modelCacheGiB", 1, True),
+    ("resources.modelCacheGiB", 500, True),
+    ("resources.modelCacheGiB", 0, False),
+    ("resources.modelCacheGiB", "100Gi", False),
+    ("resources.modelCacheGiB", 65537, False),
 ]
 
 

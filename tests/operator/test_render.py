@@ -159,3 +159,27 @@ def test_spec_image_overrides_the_operators_own_in_every_container():
     del body["spec"]["image"]
     pod = _pod(render(body, IMAGE))
     assert {c["image"] for c in pod["containers"] + pod["initContainers"]} == {IMAGE}
+
+
+def _size_limits(body: dict) -> dict[str, str]:
+    volumes = _pod(render(body, IMAGE))["volumes"]
+    return {v["name"]: v["emptyDir"].get("sizeLimit") for v in volumes if "emptyDir" in v}
+
+
+@pytest.mark.parametrize(
+    ("source", "cache"),
+    [
+        ("builtin://smollm2-135m-instruct", "3Gi"),  # converted to float32 in the cache
+        ("hf://Qwen/Qwen2.5-7B-Instruct", "38Gi"),  # 15 GB of bfloat16, with room for twice that
+        ("hf://meta-llama/Llama-3.1-70B-Instruct", "331Gi"),
+        ("hf://someone/unknown-model", "100Gi"),  # not catalogued: a default
+        ("pvc://store/llama", "2Gi"),  # the weights stay on the claim
+    ],
+)
+def test_every_emptydir_has_a_size_limit_the_model_fits_in(source, cache):
+    body = _body(SAMPLES[0])
+    body["spec"]["model"]["source"] = source
+    limits = _size_limits(body)
+    assert limits == {"shm": "1024Mi", "tmp": "1Gi", "model-cache": cache}
+    body["spec"]["resources"]["modelCacheGiB"] = 500
+    assert _size_limits(body)["model-cache"] == "500Gi"
