@@ -98,6 +98,27 @@ FIELD_CASES = [
     ("resources.modelCacheGiB", 0, False),
     ("resources.modelCacheGiB", "100Gi", False),
     ("resources.modelCacheGiB", 65537, False),
+    *[
+        ("auth.apiKeySecretRef", {"name": "keys", "key": key}, accepted)
+        for key, accepted in [
+            ("api-keys", True),
+            ("keys.txt", True),
+            (".hidden", True),
+            ("a_b-C.9", True),
+            ("k" * 253, True),
+            (".", False),
+            ("..", False),
+            ("..keys", False),
+            ("../keys", False),
+            ("dir/keys", False),
+            ("", False),
+            ("my keys", False),
+            ("keys\n", False),
+            ("k" * 254, False),
+        ]
+    ],
+    ("model.tokenSecretRef", {"name": "hf-token", "key": "token"}, True),
+    ("model.tokenSecretRef", {"name": "hf-token", "key": "../token"}, False),
 ]
 
 
