@@ -11,6 +11,8 @@ from transformers import AutoTokenizer
 
 from kvpilot_server import metric_names as names
 from kvpilot_server.api.context import drop_oldest_turns
+from kvpilot_server.api.prompts import chat_prompt
+from kvpilot_server.engine.inputs import InputProcessor
 from tests.server.api.live_server import start_tiny_server, stop_server
 
 
@@ -115,3 +117,26 @@ def test_non_streaming_client_that_leaves_aborts_its_request(truncating):
     assert state[names.KV_CACHE_USAGE] == 0
     generated = state[names.GENERATION_TOKENS] - before[names.GENERATION_TOKENS]
     assert generated < 8 * 200, "the engine stopped generating when the client left"
+
+
+def test_truncation_templates_about_one_context_not_the_whole_conversation(tiny_dir):
+    """A conversation of megabytes costs about one context's worth of templating: candidates
+    are tried from the end, and a text too long for the context in any tokenization is
+    refused from its length alone."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir("llama"))
+    inputs = InputProcessor(tokenizer, len(tokenizer), max_model_len=256)
+    templated: list[int] = []
+    real = inputs.chat
+
+    def counting(messages):
+        templated.append(sum(len(m["content"]) for m in messages))
+        return real(messages)
+
+    inputs.chat = counting
+    messages = _conversation(turns=5000)  # about a megabyte
+    ids, dropped = chat_prompt(inputs, messages, 16, "truncate-oldest")
+    assert len(ids) + 16 <= 256 and dropped > 9000
+    assert max(templated) <= 256 * inputs.max_token_chars
+    assert len(templated) <= 40  # galloping then bisection: logarithmic in the turns
+    longer = [messages[0], *messages[dropped - 1 :]]
+    assert len(real(longer)) + 16 > 256  # and still only what had to go went

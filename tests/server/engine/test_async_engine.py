@@ -1,11 +1,13 @@
 """The async engine: concurrent streams, aborts free blocks, one failing request hurts no other."""
 
 import asyncio
+import time
 
 import pytest
 
 from kvpilot_server import SamplingParams
 from kvpilot_server.engine.async_engine import AsyncEngine
+from kvpilot_server.engine.sequence import Sequence
 from kvpilot_server.errors import ContextOverflowError, EngineDeadError, RequestFailedError
 
 
@@ -106,3 +108,37 @@ def test_shutdown_ends_streams_in_flight_with_a_clear_error(engine, corpus_ids):
     )
     with pytest.raises(EngineDeadError):
         asyncio.run(anext(engine.generate([1, 2], SamplingParams())))
+
+
+def test_stats_seen_from_another_thread_are_never_torn(engine, corpus_ids, monkeypatch):
+    """The engine thread publishes a snapshot after each step. Read live instead, the running
+    list looks empty while the scheduler sorts it in place (CPython empties a list during a
+    sort); a slow sort key widens that window so that a live read would be caught."""
+    real_key = Sequence.sort_key
+
+    def slow_key(seq):
+        time.sleep(0.001)  # lets the reading thread run mid-sort
+        return real_key(seq)
+
+    monkeypatch.setattr(Sequence, "sort_key", slow_key)
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+
+    async def scenario() -> list[int]:
+        streams = [engine.generate(corpus_ids[i : i + 12], params) for i in range(4)]
+        for stream in streams:
+            await anext(stream)  # all four are running from here until they are closed
+
+        def sample() -> list[int]:
+            seen = []
+            for _ in range(2_000):
+                stats = engine.stats
+                seen.append(sum(stats.running.values()) + sum(stats.waiting.values()))
+            return seen
+
+        seen = await asyncio.to_thread(sample)
+        for stream in streams:
+            await stream.aclose()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert set(seen) == {4}
