@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from kvpilot_server.engine.sequence import Priority
@@ -35,6 +35,18 @@ def _check_stop(stop: str | list[str] | None) -> str | list[str] | None:
     return stop
 
 
+_STOP_STRING = {"type": "string", "maxLength": MAX_STOP_LENGTH}
+# The limits in /openapi.json too, so clients and the fuzzer see them.
+_STOP_SCHEMA = {
+    "anyOf": [
+        _STOP_STRING,
+        {"type": "array", "items": _STOP_STRING, "maxItems": MAX_STOP_STRINGS},
+        {"type": "null"},
+    ],
+    "default": None,
+}
+
+
 class Body(BaseModel):
     """Strict types, as OpenAI's API: "5" is not a number and 0 is not false. Unknown fields are
     ignored, so clients written for newer OpenAI features still work."""
@@ -54,7 +66,9 @@ class SamplingFields(Body):
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
-    stop: Annotated[str | list[str] | None, AfterValidator(_check_stop)] = None
+    stop: Annotated[
+        str | list[str] | None, AfterValidator(_check_stop), WithJsonSchema(_STOP_SCHEMA)
+    ] = None
     seed: int | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
