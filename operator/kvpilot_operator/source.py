@@ -7,7 +7,7 @@ import re
 from typing import NamedTuple
 
 BUILTIN = "builtin://smollm2-135m-instruct"
-FORMS = f"hf://org/name, pvc://claim/path or {BUILTIN}"
+_FORMS = f"hf://org/name, pvc://claim/path or {BUILTIN}"
 # The same forms as the CRD's rule on spec.model.source.
 _HF = re.compile(r"hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _CLAIM = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -23,19 +23,20 @@ def pvc(source: str) -> Pvc:
     """The claim and path of pvc://claim/path; ValueError unless the path stays in the claim."""
     claim, _, path = source.removeprefix("pvc://").partition("/")
     if not _CLAIM.fullmatch(claim):
-        raise ValueError(f"{source}: {claim!r} is not a PersistentVolumeClaim name")
+        raise ValueError(f"{source!r}: {claim!r} is not a PersistentVolumeClaim name")
     for segment in path.split("/"):
         # All dots ('.', '..', '...') is no directory name a model would have; '..' escapes.
         if not _SEGMENT.fullmatch(segment) or set(segment) == {"."}:
             raise ValueError(
-                f"{source}: the path in the claim must be relative, of letters, digits and "
+                f"{source!r}: the path in the claim must be relative, of letters, digits and "
                 "._-+@~=,: with no empty, '.' or '..' segments"
             )
     return Pvc(claim, path)
 
 
 def problem(source: str) -> str | None:
-    """Why the operator will not serve this source, or None."""
+    """Why the operator will not serve this source, or None. The source is quoted with repr():
+    it may hold control characters, and the answer goes into status and Events."""
     if source.startswith("pvc://"):
         try:
             pvc(source)
@@ -44,4 +45,4 @@ def problem(source: str) -> str | None:
         return None
     if source == BUILTIN or _HF.fullmatch(source):
         return None
-    return f"{source}: source must be {FORMS}"
+    return f"{source!r}: source must be {_FORMS}"
