@@ -2,7 +2,7 @@
 
 The conditions name the real cause, read from the pods themselves: the scheduler's message for
 an unschedulable pod, the kubelet's for an image that cannot be pulled, OOMKilled, and the
-server's own termination message when the model failed to load.
+server's own termination message when it could not start (kvpilot_server.termination).
 """
 
 import datetime
@@ -13,6 +13,7 @@ from typing import Any
 from kvpilot_operator.fit import Fit
 from kvpilot_operator.naming import endpoint, selector
 from kvpilot_operator.render import desired_replicas
+from kvpilot_server import termination
 
 _IMAGE_PULL = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
 _CONFIG = {"CreateContainerConfigError", "CreateContainerError"}
@@ -50,8 +51,8 @@ def _container_cause(status: dict, pod: str) -> Cause | None:
             return Cause(
                 "OOMKilled", f"container {name} of pod {pod} ran out of memory (OOMKilled)"
             )
-        if message.startswith("ModelLoadFailed:"):
-            return Cause("ModelLoadFailed", message.removeprefix("ModelLoadFailed:").strip())
+        if (written := termination.parse(message)) is not None:
+            return Cause(*written)
     reason = waiting.get("reason", "")
     detail = waiting.get("message") or reason
     if reason in _IMAGE_PULL:

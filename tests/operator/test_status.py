@@ -75,21 +75,25 @@ OOM = _pod(
         }
     ]
 )
-LOAD_FAILED = _pod(
-    containerStatuses=[
-        {
-            "name": "server",
-            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-            "lastState": {
-                "terminated": {
-                    "reason": "Error",
-                    "exitCode": 1,
-                    "message": "ModelLoadFailed: model path /models/x does not exist",
-                }
-            },
-        }
-    ]
-)
+
+
+def _exited(message: str) -> dict:
+    """A server container that exited with this termination message and is backing off."""
+    terminated = {"reason": "Error", "exitCode": 1, "message": message}
+    return _pod(
+        containerStatuses=[
+            {
+                "name": "server",
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": terminated},
+            }
+        ]
+    )
+
+
+LOAD_FAILED = _exited("ModelLoadFailed: model path /models/x does not exist")
+NO_KEYS = _exited("InvalidConfiguration: The API key file /etc/kvpilot/keys/k holds no key")
+PORT_TAKEN = _exited("StartupFailed: cannot listen on 0.0.0.0:8000")
 PULL = _pod(
     containerStatuses=[
         {
@@ -115,6 +119,8 @@ DOWNLOAD_TIMEOUT = _pod(
         (UNSCHEDULABLE, "Unschedulable", "3 Insufficient nvidia.com/gpu"),
         (OOM, "OOMKilled", "ran out of memory"),
         (LOAD_FAILED, "ModelLoadFailed", "model path /models/x does not exist"),
+        (NO_KEYS, "InvalidConfiguration", "holds no key"),
+        (PORT_TAKEN, "StartupFailed", "cannot listen"),
         (PULL, "ImagePullBackOff", "kvpilot:nope"),
         (DOWNLOAD_TIMEOUT, "ModelDownloadFailed", "timed out"),
     ],
