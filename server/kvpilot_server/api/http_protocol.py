@@ -1,9 +1,12 @@
-"""uvicorn's httptools protocol with a deadline for the request line and headers.
+"""uvicorn's httptools protocol with a deadline and a size limit for the request line and
+headers.
 
 uvicorn times out idle keep-alive connections, but not a fresh connection that sends nothing,
 nor one that sends part of its headers and stalls (slowloris): each would hold a socket and a
 file descriptor forever. This protocol closes such connections after --header-timeout seconds
-with a 408. Body reads are timed by the app (api/body.py), where the request is known.
+with a 408. Nor does httptools bound the headers: megabytes of them would be parsed and kept in
+the request's scope, so more than MAX_HEADER_BYTES is a 431. Body reads are timed and limited by
+the app (api/body.py), where the request is known.
 """
 
 import asyncio
@@ -11,6 +14,11 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+MAX_HEADER_BYTES = 64 << 10  # request line plus headers; Go and nginx allow less by default
+_TOO_LARGE_RESPONSE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8"
+    b"\r\ncontent-length: 30\r\nconnection: close\r\n\r\nRequest headers are too large\n"
+)
 _TIMEOUT_RESPONSE = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 34\r\nconnection: close\r\n\r\nRequest headers were not received\n"
@@ -23,6 +31,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._header_bytes = 0
+        self._headers_too_large = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -30,7 +40,31 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._header_bytes = 0
         self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def _count(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._headers_too_large = True
+            # httptools stops parsing and uvicorn answers through send_400_response.
+            raise ValueError("request headers too large")
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._headers_too_large:
+            super().send_400_response(msg)
+            return
+        self._disarm()
+        self.transport.write(_TOO_LARGE_RESPONSE)
+        self.transport.close()
 
     def on_headers_complete(self) -> None:
         self._disarm()
