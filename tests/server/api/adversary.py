@@ -1,6 +1,6 @@
 """Measuring a live `kvpilot serve` while it is attacked: a /health poller, the queue and KV
-gauges read from /metrics, the server's resident memory, a normal chat's latency, and raw
-HTTP/1.1 over a socket for requests no well-behaved client would send.
+gauges read from /metrics, the server's resident memory, a normal chat's latency; starting
+servers (Fleet) and watching one that must refuse to start (fail_closed).
 
 Used by tests/server/api/test_adversarial.py (which asserts) and benchmarks/adversarial.py
 (which reports the same figures as JSON). Every loop is bounded in count and in time.
@@ -8,16 +8,19 @@ Used by tests/server/api/test_adversarial.py (which asserts) and benchmarks/adve
 
 import contextlib
 import json
-import socket
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.api.live_server import start_tiny_server, stop_server
+from tests.server.api.live_server import _free_port, start_tiny_server, stop_server
 
 HEALTH_BUDGET_S = 1.0  # /health must answer within this, during any attack
 CHAT_FACTOR, CHAT_SLACK_S = 5.0, 0.5  # a normal chat afterwards: within 5x baseline + 0.5 s
@@ -206,7 +209,13 @@ class Fleet:
         if name in self.live and self.live[name][1].clean():
             return self.live[name][1]
         if name in self.live:
-            stop_server(self.live.pop(name)[0])
+            proc = self.live.pop(name)[0]
+            # It may never drain (requests it thinks are in flight): SIGTERM, and after 2 s
+            # stop_server's second SIGTERM, which exits at once.
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+            stop_server(proc)
             self.restarts += 1
         proc, base = start_tiny_server(self.model_dir, *flags)
         self.live[name] = (proc, Target(base, proc.pid, headers or {}).calibrate())
@@ -217,95 +226,6 @@ class Fleet:
             stop_server(self.live.popitem()[1][0])
 
 
-# Raw HTTP/1.1, for what httpx will not send.
-
-
-def address(base: str) -> tuple[str, int]:
-    parts = urlsplit(base)
-    return parts.hostname, parts.port
-
-
-CLOSED = "closed"  # the server closed the connection without an answer
-SILENT = "no answer"  # neither an answer nor a close within the time allowed
-Status = int | str
-
-
-def read_status(sock: socket.socket, timeout: float) -> tuple[Status, float]:
-    """(status, seconds): the answer's status code, CLOSED or SILENT."""
-    start, data = time.monotonic(), b""
-    deadline = start + timeout
-    while b"\r\n" not in data:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return SILENT, time.monotonic() - start
-        sock.settimeout(left)
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            return SILENT, time.monotonic() - start
-        except OSError:  # reset
-            return CLOSED, time.monotonic() - start
-        if not chunk:
-            break
-        data += chunk
-    elapsed = time.monotonic() - start
-    return (int(data[9:12]), elapsed) if data.startswith(b"HTTP/1.1 ") else (CLOSED, elapsed)
-
-
-def raw_request(base: str, data: bytes, timeout: float = 10.0) -> tuple[Status, float]:
-    """Send `data` as is on a new connection; (status, seconds until it came)."""
-    with socket.create_connection(address(base), timeout=timeout) as sock:
-        start = time.monotonic()
-        try:
-            sock.sendall(data)
-        except OSError:
-            return CLOSED, time.monotonic() - start
-        status, _ = read_status(sock, timeout)
-        return status, time.monotonic() - start
-
-
-def post_bytes(path: str, body: bytes, content_type: str = "application/json") -> bytes:
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-def chunked_upload(base: str, path: str, total: int, chunk: int = 1 << 16) -> tuple[Status, int]:
-    """Send `total` bytes as a chunked body (no Content-Length), stopping as soon as the server
-    answers or closes; (status, bytes of body sent)."""
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        "Transfer-Encoding: chunked\r\n\r\n"
-    )
-    piece = f"{chunk:x}\r\n".encode() + b"[" * chunk + b"\r\n"
-    sent = 0
-    with socket.create_connection(address(base), timeout=10) as sock:
-        sock.sendall(head.encode())
-        deadline = time.monotonic() + 30
-        while sent < total and time.monotonic() < deadline:
-            sock.settimeout(0)
-            try:
-                sock.recv(1, socket.MSG_PEEK)
-                break  # an answer (or a close) arrived: stop sending
-            except BlockingIOError:
-                pass
-            except OSError:
-                break
-            sock.settimeout(5)  # a server that stopped reading without answering
-            try:
-                sock.sendall(piece)
-            except OSError:
-                break
-            sent += chunk
-        else:
-            with contextlib.suppress(OSError):
-                sock.sendall(b"0\r\n\r\n")
-        status, _ = read_status(sock, 10.0)
-    return status, sent
-
-
 def error_shape(response: httpx.Response) -> dict:
     """The `error` object if the body has OpenAI's error shape, else {}."""
     try:
@@ -313,3 +233,49 @@ def error_shape(response: httpx.Response) -> dict:
     except (json.JSONDecodeError, KeyError, TypeError):
         return {}
     return error if {"message", "type", "param", "code"} <= set(error) else {}
+
+
+def fail_closed(model_dir, key_file: str, env_keys: str | None, limit_s: float = 60.0) -> dict:
+    """Start `kvpilot serve --api-key-file key_file` (KVPILOT_API_KEYS=env_keys, unset if None)
+    and watch it: does it exit, how fast, saying what; or does it serve with no key at all?"""
+    env = {k: v for k, v in os.environ.items() if k != "KVPILOT_API_KEYS"}
+    # No kernel build: a process stopped mid-build would leave torch's build lock behind.
+    env["KVPILOT_CPU_KERNELS"] = "0"
+    if env_keys is not None:
+        env["KVPILOT_API_KEYS"] = env_keys
+    port = _free_port()
+    cmd = [sys.executable, "-m", "kvpilot_server.cli", "serve", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--model", str(model_dir), "--kv-cache-bytes", "16MiB"]
+    cmd += ["--max-model-len", "256", "--api-key-file", key_file]
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
+        start, served, exit_code = time.monotonic(), False, None
+        try:
+            while time.monotonic() - start < limit_s and not served:
+                time.sleep(0.2)
+                if (exit_code := proc.poll()) is not None:
+                    break
+                with contextlib.suppress(httpx.HTTPError):
+                    served = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        seconds = time.monotonic() - start
+        log.seek(0)
+        tail = log.read()[-300:]
+    return {"exit_code": exit_code, "served": served, "seconds": round(seconds, 2), "log": tail}
+
+
+def fail_closed_all(model_dir, key_dir, cases: dict[str, tuple[str, str | None]]) -> dict:
+    """fail_closed for each case (key file name under key_dir, KVPILOT_API_KEYS), at once."""
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futures = {
+            name: pool.submit(fail_closed, model_dir, str(key_dir / file), env)
+            for name, (file, env) in cases.items()
+        }
+        return {name: f.result() for name, f in futures.items()}

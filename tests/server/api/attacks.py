@@ -3,28 +3,19 @@ answered (status codes, timings) for test_adversarial.py to judge and benchmarks
 to report. The server runs the tiny model with a 256-token context and the flags below."""
 
 import asyncio
-import contextlib
 import functools
 import json
-import os
 import selectors
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.server.api.adversary import (
-    address,
-    chunked_upload,
-    error_shape,
-    post_bytes,
-    raw_request,
-)
-from tests.server.api.live_server import _free_port
+from tests.server.api.adversary import error_shape
+from tests.server.api.raw_http import address, chunked_upload, post_bytes, raw_request
 
 REQUEST_TIMEOUT, HEADER_TIMEOUT, BODY_TIMEOUT = 5.0, 1.0, 1.0
 LIMITS = ("--max-waiting", "4", "--max-num-seqs", "4", "--request-timeout", "5")
@@ -266,49 +257,3 @@ def semantic_oddities(base: str) -> dict:
         "unknown_model": [unknown.status_code, error_shape(unknown).get("type")],
         "text_plain": text_plain,
     }
-
-
-def fail_closed(model_dir, key_file: str, env_keys: str | None, limit_s: float = 60.0) -> dict:
-    """Start `kvpilot serve --api-key-file key_file` (KVPILOT_API_KEYS=env_keys, unset if None)
-    and watch it: does it exit, how fast, saying what; or does it serve with no key at all?"""
-    env = {k: v for k, v in os.environ.items() if k != "KVPILOT_API_KEYS"}
-    # No kernel build: a process stopped mid-build would leave torch's build lock behind.
-    env["KVPILOT_CPU_KERNELS"] = "0"
-    if env_keys is not None:
-        env["KVPILOT_API_KEYS"] = env_keys
-    port = _free_port()
-    cmd = [sys.executable, "-m", "kvpilot_server.cli", "serve", "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--model", str(model_dir), "--kv-cache-bytes", "16MiB"]
-    cmd += ["--max-model-len", "256", "--api-key-file", key_file]
-    with tempfile.TemporaryFile(mode="w+") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
-        start, served, exit_code = time.monotonic(), False, None
-        try:
-            while time.monotonic() - start < limit_s and not served:
-                time.sleep(0.2)
-                if (exit_code := proc.poll()) is not None:
-                    break
-                with contextlib.suppress(httpx.HTTPError):
-                    served = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        seconds = time.monotonic() - start
-        log.seek(0)
-        tail = log.read()[-300:]
-    return {"exit_code": exit_code, "served": served, "seconds": round(seconds, 2), "log": tail}
-
-
-def fail_closed_all(model_dir, key_dir, cases: dict[str, tuple[str, str | None]]) -> dict:
-    """fail_closed for each case (key file name under key_dir, KVPILOT_API_KEYS), at once."""
-    with ThreadPoolExecutor(len(cases)) as pool:
-        futures = {
-            name: pool.submit(fail_closed, model_dir, str(key_dir / file), env)
-            for name, (file, env) in cases.items()
-        }
-        return {name: f.result() for name, f in futures.items()}

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.server.api import attacks
-from tests.server.api.adversary import CLOSED, Attack, Fleet, Target
+from tests.server.api.adversary import Attack, Fleet, Target, fail_closed_all
 from tests.server.api.attacks import (
     BODY_TIMEOUT,
     HEADER_TIMEOUT,
@@ -23,6 +23,7 @@ from tests.server.api.attacks import (
     REQUEST_TIMEOUT,
     client_timeout_flags,
 )
+from tests.server.api.raw_http import CLOSED
 
 API_KEY = "adversarial-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -108,12 +109,18 @@ def test_truncating_a_huge_conversation_does_not_block_the_event_loop(guarded):
 
 
 def test_request_timeout_is_a_ceiling(server):
+    """The work takes far longer than --request-timeout here; on a machine fast enough to finish
+    it in time a 200 within the ceiling is as good as a 408."""
     with Attack(server) as attack:
         seen = attacks.timeout_ceiling(server.base)
-    slack = 2.0
-    assert seen["1e308"][0] == 408 and seen["1e308"][1] < REQUEST_TIMEOUT + slack, seen
-    assert seen["Infinity"][0] in (400, 408) and seen["Infinity"][1] < REQUEST_TIMEOUT + slack
-    assert seen["0.5"][0] == 408 and seen["0.5"][1] < 0.5 + slack, seen
+    for case, ceiling, refusal in [
+        ("1e308", REQUEST_TIMEOUT, 408),
+        ("Infinity", REQUEST_TIMEOUT, (400, 408)),  # not JSON: rejecting it is fine too
+        ("0.5", 0.5, 408),
+    ]:
+        status, seconds = seen[case]
+        ended = status in (refusal if isinstance(refusal, tuple) else (refusal,))
+        assert (ended or (status == 200 and seconds <= ceiling)) and seconds < ceiling + 2, seen
     assert_unharmed(attack)
 
 
@@ -122,7 +129,7 @@ def test_auth_fails_closed_without_keys(tiny_dir, tmp_path):
     (tmp_path / "comments").write_text("# keys go here\n\n   # none yet\n")
     cases = {"empty_file": ("empty", None), "comments_only": ("comments", None)}
     cases["empty_env_and_file"] = ("empty", "")
-    seen = attacks.fail_closed_all(tiny_dir("llama"), tmp_path, cases)
+    seen = fail_closed_all(tiny_dir("llama"), tmp_path, cases)
     for name, result in seen.items():
         assert result["exit_code"] not in (None, 0) and result["seconds"] < 30, (name, result)
         assert re.search(r"no api key", result["log"], re.I), (name, result)

@@ -1,0 +1,93 @@
+"""Raw HTTP/1.1 over a socket, for requests no well-behaved client (httpx included) would send:
+lies about the body's length, bodies that never end, headers that never end."""
+
+import contextlib
+import socket
+import time
+from urllib.parse import urlsplit
+
+
+def address(base: str) -> tuple[str, int]:
+    parts = urlsplit(base)
+    return parts.hostname, parts.port
+
+
+CLOSED = "closed"  # the server closed the connection without an answer
+SILENT = "no answer"  # neither an answer nor a close within the time allowed
+Status = int | str
+
+
+def read_status(sock: socket.socket, timeout: float) -> tuple[Status, float]:
+    """(status, seconds): the answer's status code, CLOSED or SILENT."""
+    start, data = time.monotonic(), b""
+    deadline = start + timeout
+    while b"\r\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return SILENT, time.monotonic() - start
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            return SILENT, time.monotonic() - start
+        except OSError:  # reset
+            return CLOSED, time.monotonic() - start
+        if not chunk:
+            break
+        data += chunk
+    elapsed = time.monotonic() - start
+    return (int(data[9:12]), elapsed) if data.startswith(b"HTTP/1.1 ") else (CLOSED, elapsed)
+
+
+def raw_request(base: str, data: bytes, timeout: float = 10.0) -> tuple[Status, float]:
+    """Send `data` as is on a new connection; (status, seconds until it came)."""
+    with socket.create_connection(address(base), timeout=timeout) as sock:
+        start = time.monotonic()
+        try:
+            sock.sendall(data)
+        except OSError:
+            return CLOSED, time.monotonic() - start
+        status, _ = read_status(sock, timeout)
+        return status, time.monotonic() - start
+
+
+def post_bytes(path: str, body: bytes, content_type: str = "application/json") -> bytes:
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def chunked_upload(base: str, path: str, total: int, chunk: int = 1 << 16) -> tuple[Status, int]:
+    """Send `total` bytes as a chunked body (no Content-Length), stopping as soon as the server
+    answers or closes; (status, bytes of body sent)."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    )
+    piece = f"{chunk:x}\r\n".encode() + b"[" * chunk + b"\r\n"
+    sent = 0
+    with socket.create_connection(address(base), timeout=10) as sock:
+        sock.sendall(head.encode())
+        deadline = time.monotonic() + 30
+        while sent < total and time.monotonic() < deadline:
+            sock.settimeout(0)
+            try:
+                sock.recv(1, socket.MSG_PEEK)
+                break  # an answer (or a close) arrived: stop sending
+            except BlockingIOError:
+                pass
+            except OSError:
+                break
+            sock.settimeout(5)  # a server that stopped reading without answering
+            try:
+                sock.sendall(piece)
+            except OSError:
+                break
+            sent += chunk
+        else:
+            with contextlib.suppress(OSError):
+                sock.sendall(b"0\r\n\r\n")
+        status, _ = read_status(sock, 10.0)
+    return status, sent
