@@ -55,7 +55,7 @@ def expected(name: str) -> str:
 
 def plan(key_file: Path) -> list[tuple[str, str, tuple, object]]:
     """(attack, server name, server flags, callable of the base URL)."""
-    main = (*attacks.LIMITS, *attacks.client_timeout_flags())
+    main = (*attacks.LIMITS, *attacks.CLIENT_TIMEOUT_FLAGS)
     guarded = (*attacks.LIMITS, "--context-overflow", "truncate-oldest")
     guarded += ("--api-key-file", str(key_file))
     h, b = attacks.HEADER_TIMEOUT, attacks.BODY_TIMEOUT
@@ -98,7 +98,7 @@ def main() -> int:
     fleet = Fleet(model)
     report: dict = {
         "cpus": os.cpu_count(),
-        "server_flags": [*attacks.LIMITS, *attacks.client_timeout_flags()],
+        "server_flags": [*attacks.LIMITS, *attacks.CLIENT_TIMEOUT_FLAGS],
         "attacks": {},
     }
     started = time.monotonic()

@@ -92,7 +92,7 @@ def _exited(message: str) -> dict:
 
 
 LOAD_FAILED = _exited("ModelLoadFailed: model path /models/x does not exist")
-NO_KEYS = _exited("InvalidConfiguration: The API key file /etc/kvpilot/keys/k holds no key")
+NO_KEYS = _exited("InvalidConfiguration: The API key file /etc/kvpilot/keys/k holds no API key")
 PORT_TAKEN = _exited("StartupFailed: cannot listen on 0.0.0.0:8000")
 PULL = _pod(
     containerStatuses=[
@@ -119,7 +119,7 @@ DOWNLOAD_TIMEOUT = _pod(
         (UNSCHEDULABLE, "Unschedulable", "3 Insufficient nvidia.com/gpu"),
         (OOM, "OOMKilled", "ran out of memory"),
         (LOAD_FAILED, "ModelLoadFailed", "model path /models/x does not exist"),
-        (NO_KEYS, "InvalidConfiguration", "holds no key"),
+        (NO_KEYS, "InvalidConfiguration", "holds no API key"),
         (PORT_TAKEN, "StartupFailed", "cannot listen"),
         (PULL, "ImagePullBackOff", "kvpilot:nope"),
         (DOWNLOAD_TIMEOUT, "ModelDownloadFailed", "timed out"),

@@ -89,8 +89,8 @@ def test_serve_that_cannot_start_says_why_in_the_termination_message(tiny_dir, t
 @pytest.mark.parametrize(
     ("keys", "env", "expected"),
     [
-        ("", None, "holds no key"),
-        ("# only a comment\n\n", None, "holds no key"),
+        ("", None, "holds no API key"),
+        ("# only a comment\n\n", None, "holds no API key"),
         (None, "", "KVPILOT_API_KEYS is set but holds no API key"),
         (None, " , ,", "KVPILOT_API_KEYS is set but holds no API key"),
     ],

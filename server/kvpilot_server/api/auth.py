@@ -34,7 +34,9 @@ def load_api_keys(key_file: str | None) -> list[str]:
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"Cannot read the API key file {key_file}: {exc}") from exc
         if not found:
-            raise ConfigError(f"The API key file {key_file} holds no key (empty or only comments)")
+            raise ConfigError(
+                f"The API key file {key_file} holds no API key (empty or only comments)"
+            )
         keys += found
     return keys
 

@@ -11,6 +11,8 @@ every sequence.
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import itertools
 import logging
 import queue
@@ -33,6 +35,7 @@ _IDLE_WAIT_S = 0.05
 # engine thread keeps a core.
 _INPUT_WORKERS = 2
 T = TypeVar("T")
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None)
 
 
 class AsyncEngine:
@@ -101,7 +104,7 @@ class AsyncEngine:
 
     async def process(self, fn: Callable[..., T], *args: Any) -> T:
         """Run CPU-heavy input work (fn(*args), e.g. on self.inputs) on a worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._workers, _trimmed, fn, *args)
 
     @property
     def alive(self) -> bool:
@@ -242,6 +245,18 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(outputs.put_nowait, output)
             except RuntimeError:  # the caller's event loop is closed: nobody is listening
                 self.engine.abort_request(output.request_id)
+
+
+def _trimmed(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args), then hand freed heap back to the OS. Tokenizing megabytes allocates hundreds
+    of MiB in the worker thread's malloc arena, which glibc otherwise keeps for good: four
+    large /tokenize calls left the process 0.5 GiB bigger. A trim with nothing to free costs
+    microseconds."""
+    try:
+        return fn(*args)
+    finally:
+        if hasattr(_LIBC, "malloc_trim"):  # glibc only
+            _LIBC.malloc_trim(0)
 
 
 def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:

@@ -3,12 +3,9 @@ answered (status codes, timings) for test_adversarial.py to judge and benchmarks
 to report. The server runs the tiny model with a 256-token context and the flags below."""
 
 import asyncio
-import functools
 import json
 import selectors
 import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,15 +23,10 @@ BIG_TEXT = ("The river starts high in the mountains, where snow melts each sprin
 ]
 
 
-@functools.cache
-def client_timeout_flags() -> tuple[str, ...]:
-    """--header-timeout/--body-timeout if this kvpilot has them (else the server starts without,
-    and only the slow-client checks fail)."""
-    cmd = [sys.executable, "-m", "kvpilot_server.cli", "serve", "--help"]
-    text = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
-    if "--header-timeout" in text and "--body-timeout" in text:
-        return ("--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT))
-    return ()
+CLIENT_TIMEOUT_FLAGS = (
+    *("--header-timeout", str(HEADER_TIMEOUT)),
+    *("--body-timeout", str(BODY_TIMEOUT)),
+)
 
 
 def user(content: str) -> list[dict]:

@@ -18,10 +18,10 @@ from tests.server.api import attacks
 from tests.server.api.adversary import Attack, Fleet, Target, fail_closed_all
 from tests.server.api.attacks import (
     BODY_TIMEOUT,
+    CLIENT_TIMEOUT_FLAGS,
     HEADER_TIMEOUT,
     LIMITS,
     REQUEST_TIMEOUT,
-    client_timeout_flags,
 )
 from tests.server.api.raw_http import CLOSED
 
@@ -38,7 +38,7 @@ def fleet(tiny_dir):
 
 @pytest.fixture
 def server(fleet) -> Target:
-    return fleet("main", *LIMITS, *client_timeout_flags())
+    return fleet("main", *LIMITS, *CLIENT_TIMEOUT_FLAGS)
 
 
 @pytest.fixture
@@ -173,11 +173,11 @@ def test_slow_clients_are_cut_off(server):
     for case, timeout in [("half_headers", HEADER_TIMEOUT), ("stalled_body", BODY_TIMEOUT)]:
         status, seconds = seen[case]
         assert status in (408, CLOSED) and seconds <= timeout + 2, (case, seen)
-    assert client_timeout_flags(), "kvpilot serve has no --header-timeout/--body-timeout"
     assert_unharmed(attack)
 
 
-@pytest.mark.parametrize(("n", "rounds"), [(1, 10), (16, 3)])
+# n=8: all that --max-num-seqs 4 plus --max-waiting 4 can ever admit (more is a 400).
+@pytest.mark.parametrize(("n", "rounds"), [(1, 10), (8, 3)])
 def test_streams_abandoned_after_the_first_chunk_free_everything(server, n, rounds):
     with Attack(server) as attack:
         seen = attacks.disconnect_mid_stream(server.base, n, rounds)
