@@ -69,8 +69,9 @@ class InputProcessor:
         return math.ceil(chars / self.max_token_chars)
 
     def check_length(self, chars: int, max_tokens: int | None) -> None:
-        """Refuse, before tokenizing it, a text too long for the context whatever its tokens:
-        the cost of tokenizing a request stays bounded by the context, not the body size."""
+        """Refuse, before tokenizing it, a text too long to leave room for even one completion
+        token whatever its tokens: the cost of tokenizing a request stays bounded by the
+        context, not by the body size. Shorter texts get the exact check after tokenizing."""
         least = self.min_tokens(chars)
-        if least + (max_tokens or 1) > self.max_model_len:
+        if least + 1 > self.max_model_len:
             raise ContextOverflowError(self.max_model_len, least, max_tokens, at_least=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.api.live_server import _free_port, start_tiny_server, stop_server
+from tests.server.api.live_server import _free_port, start_tiny_server, stop_server, terminate
 
 HEALTH_BUDGET_S = 1.0  # /health must answer within this, during any attack
 CHAT_FACTOR, CHAT_SLACK_S = 5.0, 0.5  # a normal chat afterwards: within 5x baseline + 0.5 s
@@ -259,12 +259,7 @@ def fail_closed(model_dir, key_file: str, env_keys: str | None, limit_s: float =
                     served = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success
         finally:
             if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                terminate(proc, grace=10)
         seconds = time.monotonic() - start
         log.seek(0)
         tail = log.read()[-300:]

@@ -49,13 +49,18 @@ def start_server(*args: str, timeout: float = 300.0, host: str = "127.0.0.1", po
 
 
 def stop_server(proc: subprocess.Popen) -> None:
+    terminate(proc)
+    proc.log.close()
+
+
+def terminate(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM (the server drains), then SIGKILL after `grace` seconds."""
     proc.terminate()
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    proc.log.close()
 
 
 def start_tiny_server(model_dir, *extra: str, host: str = "127.0.0.1", port: int = 0):
