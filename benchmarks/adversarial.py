@@ -74,7 +74,7 @@ def plan(key_file: Path) -> list[tuple[str, str, tuple, object]]:
         *[(f"malformed_{c}", lambda u, c=c: attacks.malformed(u, c)) for c in attacks.MALFORMED],
         ("slow_clients", lambda u: attacks.slow_clients(u, h, b)),
         ("abandoned_streams_n1", lambda u: attacks.disconnect_mid_stream(u, 1, 10)),
-        ("abandoned_streams_n16", lambda u: attacks.disconnect_mid_stream(u, 16, 3)),
+        ("abandoned_streams_n8", lambda u: attacks.disconnect_mid_stream(u, 8, 3)),
         ("oversized_headers", attacks.oversized_headers),
         ("idle_connections_200", lambda u: attacks.idle_connections(u, 200, h)),
         ("semantic_oddities", attacks.semantic_oddities),
