@@ -1,0 +1,266 @@
+"""The dependency split: `kvpilot[operator]` carries no torch, `kvpilot[server]` carries the
+engine, and the base install (no extra) runs the CLI, `kvpilot plan` and the modules both sides
+share.
+
+Each side is checked twice: statically (every third-party import under operator/ and server/ is
+installed by that side's extra, read from pyproject.toml and the installed packages' metadata)
+and by running it in a subprocess where everything else is made unimportable: a sitecustomize
+first on PYTHONPATH puts a finder at the head of sys.meta_path that raises ModuleNotFoundError
+for hidden modules, as if they were not installed."""
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from kvpilot_server.extras import OPERATOR_MODULES, SERVER_MODULES
+from tests.operator.kube_cluster import DEPLOYMENTS, MD, StandInCluster, wait_for
+
+ROOT = Path(__file__).parents[1]
+OURS = {"kvpilot_server", "kvpilot_operator"}
+# The sitecustomize. Hidden modules look absent, not broken: every finder on sys.meta_path is
+# wrapped to answer None for them, so `import torch` raises the usual ModuleNotFoundError and
+# importlib.util.find_spec("torch") is None (libraries probe optional modules that way; a finder
+# that raised instead would break them where a real install without torch works).
+HIDER = """
+import os
+import sys
+
+_block = set(filter(None, os.environ.get("KVPILOT_TEST_HIDE", "").split(",")))
+_allow = os.environ.get("KVPILOT_TEST_ALLOW_ONLY")
+_allow = None if _allow is None else set(_allow.split(",")) | set(sys.stdlib_module_names)
+_log = os.environ.get("KVPILOT_TEST_HIDDEN_LOG")
+
+
+class _Hiding:
+    def __init__(self, finder):
+        self._finder = finder
+
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in _block or (_allow is not None and top not in _allow):
+            if _log:
+                with open(_log, "a") as f:
+                    f.write(name + "\\n")
+            return None
+        find = getattr(self._finder, "find_spec", None)
+        return find(name, path, target) if find else None
+
+    def __getattr__(self, attribute):  # invalidate_caches, find_distributions, ...
+        return getattr(self._finder, attribute)
+
+
+sys.meta_path[:] = [_Hiding(finder) for finder in sys.meta_path]
+"""
+
+
+# -- what each extra installs -----------------------------------------------------------------
+
+
+@cache
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _requirements(extra: str | None) -> list[str]:
+    project = _project()
+    return project["dependencies"] + (project["optional-dependencies"][extra] if extra else [])
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """The distributions pip installs for these requirements (as installed in this venv)."""
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [Requirement(r) for r in requirements]
+    names: set[str] = set()
+    while todo:
+        req = todo.pop()
+        key = (canonicalize_name(req.name), frozenset(req.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        names.add(key[0])
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:  # a dependency for another platform
+            continue
+        for line in dist.requires or []:
+            sub = Requirement(line)
+            wanted = {"", *req.extras}
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in wanted):
+                todo.append(sub)
+    return names
+
+
+def _importable(extra: str | None) -> set[str]:
+    """Top-level modules an install of kvpilot[extra] can import, besides the standard
+    library."""
+    dists = _closure(_requirements(extra))
+    provided = {
+        module
+        for module, owners in metadata.packages_distributions().items()
+        if any(canonicalize_name(d) in dists for d in owners)
+    }
+    return provided | OURS | {"sitecustomize", "usercustomize"}
+
+
+def _third_party_imports(folder: Path) -> set[str]:
+    """Every absolute import's top-level module in folder's sources, lazy ones included."""
+    found = set()
+    for source in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.partition(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.partition(".")[0])
+    return found - set(sys.stdlib_module_names) - OURS
+
+
+def test_each_side_imports_only_what_its_extra_installs():
+    operator = _third_party_imports(ROOT / "operator")
+    server = _third_party_imports(ROOT / "server")
+    # The CLI's "install this extra" check looks for exactly these.
+    assert operator == set(OPERATOR_MODULES)
+    assert server == set(SERVER_MODULES)
+    assert operator <= _importable("operator"), "imported but not installed by kvpilot[operator]"
+    assert server <= _importable("server"), "imported but not installed by kvpilot[server]"
+    heavy = {"torch", "transformers", "starlette", "uvicorn", "safetensors"}
+    assert not heavy & _importable("operator"), "kvpilot[operator] would install the engine"
+    assert _importable(None) == OURS | {"sitecustomize", "usercustomize"}  # base: nothing
+
+
+# -- running with modules hidden --------------------------------------------------------------
+
+
+def _hiding_env(tmp_path: Path, hide: set[str] = frozenset(), allow_only: set[str] | None = None):
+    site = tmp_path / "hider"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(HIDER)
+    paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    env["KVPILOT_TEST_HIDE"] = ",".join(sorted(hide))
+    env["KVPILOT_TEST_HIDDEN_LOG"] = str(tmp_path / "hidden.log")
+    if allow_only is not None:
+        env["KVPILOT_TEST_ALLOW_ONLY"] = ",".join(sorted(allow_only))
+    else:
+        env.pop("KVPILOT_TEST_ALLOW_ONLY", None)
+    return env
+
+
+def _python(env: dict, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _hidden(tmp_path: Path) -> list[str]:
+    log = tmp_path / "hidden.log"
+    return log.read_text().split() if log.exists() else []
+
+
+def test_the_hider_hides(tmp_path):
+    env = _hiding_env(tmp_path, hide={"torch"})
+    result = _python(env, "-c", "import torch")
+    assert result.returncode == 1 and "No module named 'torch'" in result.stderr
+    result = _python(env, "-c", "import importlib.util; print(importlib.util.find_spec('torch'))")
+    assert result.stdout == "None\n", result.stderr
+    env = _hiding_env(tmp_path, allow_only=OURS)
+    assert _python(env, "-c", "import yaml").returncode == 1
+    assert _python(env, "-c", "import json, kvpilot_server").returncode == 0
+
+
+def test_base_install_runs_the_cli_plan_and_the_shared_modules(tmp_path):
+    env = _hiding_env(tmp_path, allow_only=_importable(None))
+    shared = "memory_model, metric_names, termination, plan, cli, extras, engine_args"
+    imports = "; ".join(f"import kvpilot_server.{m}" for m in shared.split(", "))
+    result = _python(env, "-c", imports)
+    assert result.returncode == 0, result.stderr
+    result = _python(env, "-m", "kvpilot_server.cli", "--help")
+    assert result.returncode == 0 and "operator" in result.stdout, result.stderr
+    result = _python(env, "-m", "kvpilot_server.cli", "plan", "--gpu-type", "L4", "--json")
+    assert result.returncode == 0, result.stderr
+    assert not {"torch", "yaml", "kopf"} & {m.partition(".")[0] for m in _hidden(tmp_path)}
+
+
+@pytest.mark.parametrize("hidden", ["torch,transformers", "starlette"])
+@pytest.mark.parametrize(
+    "command", [["serve"], ["generate", "hello"], ["eval", "--configs", "none"]]
+)
+def test_engine_commands_without_the_server_extra_name_it_in_one_line(tmp_path, command, hidden):
+    env = _hiding_env(tmp_path, hide=set(hidden.split(",")))
+    result = _python(env, "-m", "kvpilot_server.cli", *command)
+    assert result.returncode == 1
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"kvpilot {command[0]}: {hidden.split(',')[0]}")
+    assert lines[0].endswith("install the server extra: pip install 'kvpilot[server]'")
+
+
+def test_operator_without_its_extra_names_it_in_one_line(tmp_path):
+    result = _python(_hiding_env(tmp_path, hide={"kopf"}), "-m", "kvpilot_server.cli", "operator")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        "kvpilot operator: kopf not installed; "
+        "install the operator extra: pip install 'kvpilot[operator]'"
+    ]
+
+
+def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch):
+    """Every operator module imports, `kvpilot operator --help` works, and the operator brings
+    the bundled-model sample to Ready against the API stand-in, in a Python that can import only
+    the standard library and what kvpilot[operator] installs: no torch, no transformers."""
+    env = _hiding_env(tmp_path, allow_only=_importable("operator"))
+    modules = sorted(p.stem for p in (ROOT / "operator" / "kvpilot_operator").glob("*.py"))
+    check = textwrap.dedent(
+        f"""
+        import importlib, sys
+        for name in {modules!r}:
+            importlib.import_module("kvpilot_operator." + name)
+        heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
+        assert not heavy, heavy
+        """
+    )
+    result = _python(env, "-c", check)
+    assert result.returncode == 0, result.stderr
+    result = _python(env, "-m", "kvpilot_server.cli", "operator", "--help")
+    assert result.returncode == 0 and "--namespace" in result.stdout, result.stderr
+
+    for name in ("PYTHONPATH", "KVPILOT_TEST_ALLOW_ONLY", "KVPILOT_TEST_HIDDEN_LOG"):
+        monkeypatch.setenv(name, env[name])  # StandInCluster starts the operator with os.environ
+    cluster = StandInCluster(tmp_path)
+    log = tmp_path / "operator.log"
+    try:
+        cluster.start_operator(log)
+        cluster.wait_for_operator()
+        sample = yaml.safe_load((ROOT / "crds" / "samples" / "builtin-cpu.yaml").read_text())
+        name = cluster.create(MD, sample)["metadata"]["name"]
+        wait_for("the Deployment", lambda: cluster.get(DEPLOYMENTS, name))
+        cluster.run_deployment_controller()
+
+        def ready() -> bool:
+            conditions = (cluster.get(MD, name) or {}).get("status", {}).get("conditions", [])
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+        wait_for("Ready", ready)
+        assert cluster.operator is not None and cluster.operator.poll() is None
+    finally:
+        cluster.close()
+        print(log.read_text()[-3000:])  # shown by pytest when the test fails
+    tried = {m.partition(".")[0] for m in _hidden(tmp_path)}
+    assert not {"torch", "transformers"} & tried, tried
