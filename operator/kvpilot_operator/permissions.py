@@ -1,0 +1,91 @@
+"""Every Kubernetes API permission the operator needs, as data: the one declaration. The Helm
+chart's RBAC is generated from it (charts/kvpilot/generate.py) and tests/chart checks the
+rendered RBAC against it.
+
+Derived from the calls the code makes: cluster.py (lightkube: children and pods),
+autoscaler.py (lightkube: the scale and status subresources), handlers.py (kopf.event,
+kopf.adopt, the status patch) and kopf itself (watching ModelDeployments, its annotations,
+observing CRDs and namespaces). Not listed: discovery (/api, /apis) and /version, which kopf
+reads and every authenticated client may read (the system:discovery and
+system:public-info-viewer ClusterRoles).
+"""
+
+from dataclasses import dataclass
+
+KVPILOT = "kvpilot.dev"
+
+
+@dataclass(frozen=True)
+class Permission:
+    api_group: str  # "" is the core group
+    resource: str  # plural, or plural/subresource
+    verbs: tuple[str, ...]
+    why: str
+
+
+# In every watched namespace: a Role there, or the ClusterRole when watching all namespaces.
+NAMESPACED = (
+    Permission(
+        KVPILOT,
+        "modeldeployments",
+        ("list", "watch", "patch"),
+        "kopf lists and watches them, keeps its progress in their annotations and adds its "
+        "finalizer (the status timer and the autoscaler daemon need one)",
+    ),
+    Permission(
+        KVPILOT,
+        "modeldeployments/status",
+        ("patch",),
+        "status from the pods (handlers.report through kopf) and status.autoscaling",
+    ),
+    Permission(
+        KVPILOT,
+        "modeldeployments/scale",
+        ("patch",),
+        "the autoscaler sets spec.replicas through the scale subresource",
+    ),
+    Permission(
+        KVPILOT,
+        "modeldeployments/finalizers",
+        ("update",),
+        "kopf.adopt sets blockOwnerDeletion on children; where the "
+        "OwnerReferencesPermissionEnforcement admission plugin runs (OpenShift), creating "
+        "them needs this",
+    ),
+    Permission(
+        "apps",
+        "deployments",
+        ("get", "create", "patch"),
+        "Cluster.apply merge-patches or creates the model Deployment; report() reads it",
+    ),
+    Permission("", "services", ("create", "patch"), "Cluster.apply: the model Service"),
+    Permission(
+        "policy",
+        "poddisruptionbudgets",
+        ("create", "patch", "delete"),
+        "Cluster.apply above one replica; deleted again at one replica",
+    ),
+    Permission("", "pods", ("list",), "status and the autoscaler read the model pods"),
+    Permission("", "events", ("create",), "kopf.event: condition changes and scale decisions"),
+)
+
+# Cluster-scoped objects, which no Role can grant. Read-only.
+CLUSTER = (
+    Permission(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("list", "watch"),
+        "kopf's resource observer notices the ModelDeployment CRD being installed or changed",
+    ),
+)
+
+# Only when watching named namespaces (-n): kopf's namespace observer lists and watches them to
+# notice watched namespaces coming and going. Watching all namespaces, it does not.
+CLUSTER_WHEN_NAMESPACED = (
+    Permission(
+        "",
+        "namespaces",
+        ("list", "watch"),
+        "kopf's namespace observer, in namespaced mode only",
+    ),
+)

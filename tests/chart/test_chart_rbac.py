@@ -1,0 +1,136 @@
+"""The chart's RBAC, evaluated as the API server's authorizer would for the operator's
+ServiceAccount: it allows each permission in kvpilot_operator.permissions where the operator
+needs it, and nothing else anywhere (no wildcard, nothing in unwatched namespaces, nothing
+cluster-wide but the cluster-scoped reads when watching named namespaces)."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from kvpilot_operator import permissions
+from tests.chart.helm import NAMESPACE, objects, of_kind, one, render
+
+CLUSTER = None  # the scope of a cluster-scoped request, or of a request in every namespace
+ELSEWHERE = "somebody-else"  # a namespace the operator does not watch
+SCOPES = {
+    "release": ({"watch": {"scope": "Release"}}, [NAMESPACE]),
+    "namespaces": ({"watch": {"scope": "Namespaces", "namespaces": ["a", "b"]}}, ["a", "b"]),
+    "all": ({"watch": {"scope": "All"}}, []),
+}
+
+
+@dataclass(frozen=True)
+class Grant:
+    api_group: str
+    resource: str
+    verb: str
+    namespace: str | None  # None: cluster-wide (cluster-scoped objects, or every namespace)
+
+
+def _grants(found: list[dict]) -> set[Grant]:
+    """What the bindings give the operator's ServiceAccount. Wildcards are kept as "*" (and
+    would fail the exactness checks)."""
+    account = one(found, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    release_namespace = one(found, "Deployment")["metadata"]["namespace"]
+    roles = {
+        (r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"]): r["rules"]
+        for r in of_kind(found, "Role") + of_kind(found, "ClusterRole")
+    }
+    grants = set()
+    for binding in of_kind(found, "RoleBinding") + of_kind(found, "ClusterRoleBinding"):
+        subject = {"kind": "ServiceAccount", "name": account, "namespace": release_namespace}
+        if subject not in binding["subjects"]:
+            continue
+        where = binding["metadata"].get("namespace")  # None for a ClusterRoleBinding
+        ref = binding["roleRef"]
+        assert ref["apiGroup"] == "rbac.authorization.k8s.io"
+        rules = roles[(ref["kind"], where if ref["kind"] == "Role" else None, ref["name"])]
+        for rule in rules:
+            assert not rule.get("resourceNames") and not rule.get("nonResourceURLs")
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        grants.add(Grant(group, resource, verb, where))
+    return grants
+
+
+def _needed(namespaces: list[str]) -> set[Grant]:
+    """What permissions.py asks for, watching `namespaces` ([]: all of them)."""
+    where = namespaces or [CLUSTER]
+    needed = {
+        Grant(p.api_group, p.resource, verb, ns)
+        for p in permissions.NAMESPACED
+        for verb in p.verbs
+        for ns in where
+    }
+    cluster = permissions.CLUSTER + (permissions.CLUSTER_WHEN_NAMESPACED if namespaces else ())
+    needed |= {Grant(p.api_group, p.resource, v, CLUSTER) for p in cluster for v in p.verbs}
+    return needed
+
+
+def _allows(grants: set[Grant], want: Grant) -> bool:
+    for g in grants:
+        if g.namespace not in (CLUSTER, want.namespace):
+            continue
+        if (
+            g.api_group in ("*", want.api_group)
+            and g.verb in ("*", want.verb)
+            and g.resource in ("*", want.resource)
+        ):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_rbac_allows_every_declared_permission_where_it_is_needed(scope):
+    values, namespaces = SCOPES[scope]
+    grants = _grants(objects(render(values)))
+    missing = [want for want in sorted(_needed(namespaces), key=str) if not _allows(grants, want)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_rbac_allows_nothing_more(scope):
+    values, namespaces = SCOPES[scope]
+    grants = _grants(objects(render(values)))
+    assert grants == _needed(namespaces)  # so no wildcard, and nothing undeclared
+    if namespaces:
+        for p in permissions.NAMESPACED:
+            for verb in p.verbs:
+                want = Grant(p.api_group, p.resource, verb, ELSEWHERE)
+                assert not _allows(grants, want), want
+
+
+def test_watching_named_namespaces_grants_only_cluster_scoped_reads_cluster_wide():
+    for scope in ("release", "namespaces"):
+        found = objects(render(SCOPES[scope][0]))
+        cluster_wide = {g for g in _grants(found) if g.namespace is CLUSTER}
+        assert {(g.resource, g.verb) for g in cluster_wide} == {
+            ("customresourcedefinitions", "list"),
+            ("customresourcedefinitions", "watch"),
+            ("namespaces", "list"),
+            ("namespaces", "watch"),
+        }
+        (cluster_role,) = of_kind(found, "ClusterRole")
+        for rule in cluster_role["rules"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}
+
+
+def test_the_bindings_name_the_operators_service_account_in_the_release_namespace():
+    found = objects(render(SCOPES["namespaces"][0]))
+    account = one(found, "ServiceAccount")["metadata"]
+    assert account["namespace"] == NAMESPACE
+    bindings = of_kind(found, "RoleBinding") + of_kind(found, "ClusterRoleBinding")
+    assert len(bindings) == 3  # a and b, and the cluster-scoped reads
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
+        ]
+
+
+def test_rbac_can_be_left_to_someone_else():
+    found = objects(render({"rbac": {"create": False}, "serviceAccount": {"create": False}}))
+    kinds = {o["kind"] for o in found}
+    assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    assert "ServiceAccount" not in kinds
+    assert one(found, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "default"
