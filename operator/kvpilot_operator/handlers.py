@@ -1,7 +1,8 @@
 """kopf handlers: thin. Spec in, render() and status() in the middle, writes at the edges.
 
-No finalizer is added (there is no on.delete handler): children carry owner references and go
-with the garbage collector, so deleting a ModelDeployment never hangs when the operator is down.
+There is no on.delete handler: children carry owner references and go with the garbage
+collector. kopf still adds its own finalizer, because the status timer and the autoscale daemon
+must be stopped when an object goes, so a deletion completes only while the operator runs.
 """
 
 import os
