@@ -1,0 +1,243 @@
+"""Write docs/crd-reference.md from the ModelDeployment CRD's OpenAPI schema.
+
+The CRD (crds/modeldeployments.kvpilot.dev.yaml) describes every field beside its validation;
+this script lays those descriptions out as a reference: each spec and status field with its path,
+type, default, validation (required, enum, bounds, length, pattern, CEL) and description, then
+every CEL rule with its message. tests/test_docs.py fails when the committed file is stale.
+
+Run:   .venv/bin/python scripts/crd_reference.py           (writes the file)
+       .venv/bin/python scripts/crd_reference.py --check   (exit 1 when it is stale)
+"""
+
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD = ROOT / "crds" / "modeldeployments.kvpilot.dev.yaml"
+OUTPUT = ROOT / "docs" / "crd-reference.md"
+REGENERATE = ".venv/bin/python scripts/crd_reference.py"
+Node = dict[str, Any]
+
+
+def _text(value: str) -> str:
+    """Schema prose as Markdown table-cell text: one line, Markdown's specials taken literally."""
+    text = " ".join(value.split())
+    for char in "\\`*_|<[]":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def _code(value: Any) -> str:
+    """A literal in a code span; in a table cell `|` still needs its backslash (GFM splits cells
+    before it reads code spans, then drops the backslash)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return "`" + text.replace("|", "\\|") + "`"
+
+
+def _type(node: Node) -> str:
+    kind = node.get("type", "any")
+    if kind == "array":
+        return f"array of {_type(node.get('items', {}))}"
+    if kind == "object":
+        if isinstance(node.get("additionalProperties"), dict):
+            return f"map of {_type(node['additionalProperties'])}"
+        if node.get("x-kubernetes-preserve-unknown-fields") and "properties" not in node:
+            return "object (any fields)"
+        return "object"
+    if "format" in node:
+        return f"{kind} ({node['format']})"
+    return kind
+
+
+def _bounds(node: Node) -> list[str]:
+    low, high = node.get("minimum"), node.get("maximum")
+    if low is not None and high is not None:
+        return [f"{low} to {high}"]
+    if low is not None:
+        return [f"at least {low}"]
+    if high is not None:
+        return [f"at most {high}"]
+    return []
+
+
+def _validation(node: Node, required: bool) -> str:
+    found = ["required"] if required else []
+    if "enum" in node:
+        found.append("one of " + ", ".join(_code(v) for v in node["enum"]))
+    found += _bounds(node)
+    if "minLength" in node:
+        found.append(f"at least {node['minLength']} characters")
+    if "maxLength" in node:
+        found.append(f"at most {node['maxLength']} characters")
+    if "pattern" in node:
+        found.append("pattern " + _code(node["pattern"]))
+    if node.get("x-kubernetes-list-type") == "map":
+        keys = ", ".join(_code(k) for k in node.get("x-kubernetes-list-map-keys", []))
+        found.append(f"one item per {keys}")
+    for rule in node.get("x-kubernetes-validations", []):
+        found.append(f"[rule](#validation-rules): {_text(rule['message'])}")
+    return "; ".join(found)
+
+
+def _rows(node: Node, path: str, required: bool = False) -> list[str]:
+    """One table row for `node`, then rows for everything under it."""
+    default = _code(node["default"]) if "default" in node else ""
+    cells = [
+        _code(path),
+        _type(node),
+        default,
+        _validation(node, required),
+        _text(node.get("description", "")),
+    ]
+    rows = ["| " + " | ".join(cells) + " |"]
+    must = set(node.get("required", []))
+    for name, child in node.get("properties", {}).items():
+        rows += _rows(child, f"{path}.{name}", name in must)
+    items = node.get("items")
+    if items and items.get("properties"):
+        for name, child in items["properties"].items():
+            rows += _rows(child, f"{path}[].{name}", name in set(items.get("required", [])))
+    return rows
+
+
+HEADER = [
+    "| Field | Type | Default | Validation | Description |",
+    "|---|---|---|---|---|",
+]
+
+
+def _rules(node: Node, path: str) -> list[tuple[str, str, str]]:
+    """(path, rule, message) for every CEL rule, in schema order."""
+    found = [(path, r["rule"], r["message"]) for r in node.get("x-kubernetes-validations", [])]
+    for name, child in node.get("properties", {}).items():
+        found += _rules(child, f"{path}.{name}" if path else name)
+    if "items" in node:
+        found += _rules(node["items"], f"{path}[]")
+    return found
+
+
+def reference(crd: Node) -> str:
+    names, (version,) = crd["spec"]["names"], crd["spec"]["versions"]
+    schema = version["schema"]["openAPIV3Schema"]
+    api_version = f"{crd['spec']['group']}/{version['name']}"
+    spec, status = schema["properties"]["spec"], schema["properties"]["status"]
+    out = [
+        f"# {names['kind']} reference",
+        "",
+        f"<!-- Generated by scripts/crd_reference.py from {CRD.relative_to(ROOT)}: edit the "
+        f"CRD's descriptions, then run `{REGENERATE}`. tests/test_docs.py fails when this file "
+        "is stale. -->",
+        "",
+        f"{_text(schema.get('description', ''))}",
+        "",
+        f"- API version `{api_version}`, kind `{names['kind']}` (list: `{names['listKind']}`), "
+        f"{crd['spec']['scope'].lower()}.",
+        f"- Plural `{names['plural']}`, singular `{names['singular']}`, short names "
+        + ", ".join(f"`{n}`" for n in names.get("shortNames", []))
+        + ", categories "
+        + ", ".join(f"`{c}`" for c in names.get("categories", []))
+        + ".",
+        f"- Version `{version['name']}`: "
+        + ", ".join(k for k in ("served", "storage") if version.get(k))
+        + ".",
+    ]
+    sub = version.get("subresources", {})
+    if "status" in sub:
+        out.append("- Subresource `status`: the operator writes status through it.")
+    if "scale" in sub:
+        scale = sub["scale"]
+        out.append(
+            f"- Subresource `scale` (`kubectl scale`): replicas at `{scale['specReplicasPath']}`, "
+            f"current replicas at `{scale['statusReplicasPath']}`, pod selector at "
+            f"`{scale['labelSelectorPath']}`."
+        )
+    out += [
+        "- Samples: [crds/samples/](../crds/samples/).",
+        "",
+        "A default is filled in by the API server when the field is left out (the operator "
+        "applies the same defaults itself, for a cluster whose installed CRD is older). An "
+        "object whose default is `{}` is created when left out, with its own fields' defaults.",
+        "",
+        "## kubectl get columns",
+        "",
+        "| Column | Type | JSONPath | Description |",
+        "|---|---|---|---|",
+    ]
+    for column in version.get("additionalPrinterColumns", []):
+        cells = [
+            column["name"],
+            column["type"],
+            _code(column["jsonPath"]),
+            _text(column.get("description", "")),
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "## spec",
+        "",
+        _text(spec.get("description", "")),
+        "",
+    ]
+    must = set(spec.get("required", []))
+    for name, child in spec["properties"].items():
+        out += [f"### spec.{name}", ""]
+        out += HEADER + _rows(child, f"spec.{name}", name in must) + [""]
+    out += [
+        "## status",
+        "",
+        _text(status.get("description", "")) + " Written by the operator only.",
+        "",
+        *HEADER,
+        *_rows(status, "status"),
+        "",
+        "## Validation rules",
+        "",
+        "CEL rules (`x-kubernetes-validations`) the API server checks on create and update, "
+        "after defaulting; a request that breaks one is refused with its message. The operator "
+        "checks `spec.model.source` itself as well, where CEL does not run.",
+        "",
+    ]
+    for path, rule, message in _rules(schema, ""):
+        where = f"`{path}`" if path else "the whole object"
+        out += [f"- On {where}: {_text(message)}", "", "  ```text", f"  {rule}", "  ```", ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def generate(crd_path: Path = CRD) -> str:
+    return reference(yaml.safe_load(crd_path.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("--crd", type=Path, default=CRD, help="the CRD to read")
+    parser.add_argument("--output", type=Path, default=OUTPUT, help="the Markdown file")
+    args = parser.parse_args(argv)
+    text = generate(args.crd)
+    current = args.output.read_text() if args.output.exists() else ""
+    if args.check:
+        if current == text:
+            return 0
+        diff = difflib.unified_diff(
+            current.splitlines(keepends=True),
+            text.splitlines(keepends=True),
+            f"{args.output} (committed)",
+            f"{args.output} (from {args.crd})",
+        )
+        sys.stdout.writelines(diff)
+        print(f"{args.output} is stale: run {REGENERATE}", file=sys.stderr)
+        return 1
+    if current != text:
+        args.output.write_text(text)
+        print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
