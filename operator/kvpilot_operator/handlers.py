@@ -31,6 +31,12 @@ def image() -> str:
     return os.environ.get("KVPILOT_IMAGE") or f"ghcr.io/kvpilot/kvpilot:{version('kvpilot')}"
 
 
+def pull_secrets() -> tuple[str, ...]:
+    """Secrets model pods pull their image with (the chart's imagePullSecrets), comma-separated."""
+    names = os.environ.get("KVPILOT_IMAGE_PULL_SECRETS", "").split(",")
+    return tuple(n.strip() for n in names if n.strip())
+
+
 def cluster() -> Cluster:
     global _cluster
     _cluster = _cluster or Cluster()
@@ -63,7 +69,7 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
     fit = check(md["spec"])
     # A spec that cannot fit creates no pods that would only OOM; what runs keeps running.
     if fit.fits is not False:
-        objects = render(md, image())
+        objects = render(md, image(), pull_secrets())
         kopf.adopt(objects, owner=body)
         for obj in objects:
             cluster().apply(obj)

@@ -5,6 +5,7 @@ operator restart finds what it made. Owner references are added by the handler (
 """
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from kvpilot_operator.engine_flags import (
@@ -32,14 +33,15 @@ def desired_replicas(spec: dict) -> int:
     return min(max(spec["replicas"], scaling["minReplicas"]), scaling["maxReplicas"])
 
 
-def render(body: dict, image: str) -> list[Object]:
+def render(body: dict, image: str, pull_secrets: Sequence[str] = ()) -> list[Object]:
     """Deployment and Service, plus a PodDisruptionBudget when more than one replica runs.
-    `image` is the operator's own version, used unless spec.image names another."""
+    `image` is the operator's own version, used unless spec.image names another; model pods pull
+    with `pull_secrets` (Secret names each model namespace must hold), as the operator does."""
     name, namespace, spec = body["metadata"]["name"], body["metadata"]["namespace"], body["spec"]
     image = spec.get("image") or image
     meta = {"name": name, "namespace": namespace, "labels": labels(name)}
     replicas = desired_replicas(spec)
-    objects = [deployment(meta, spec, image, replicas), service(meta, spec)]
+    objects = [deployment(meta, spec, image, replicas, pull_secrets), service(meta, spec)]
     if replicas > 1:
         objects.append(
             {
@@ -66,7 +68,9 @@ def service(meta: dict, spec: dict) -> Object:
     }
 
 
-def deployment(meta: dict, spec: dict, image: str, replicas: int) -> Object:
+def deployment(
+    meta: dict, spec: dict, image: str, replicas: int, pull_secrets: Sequence[str] = ()
+) -> Object:
     name, probes = meta["name"], spec["probes"]
     # SIGTERM comes after preStop; the server then drains for up to drainTimeoutSeconds.
     grace = PRESTOP_SLEEP_SECONDS + probes["drainTimeoutSeconds"] + 10
@@ -84,6 +88,8 @@ def deployment(meta: dict, spec: dict, image: str, replicas: int) -> Object:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
     }
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": secret} for secret in pull_secrets]
     if spec["model"]["source"].startswith("hf://"):
         pod_spec["initContainers"] = [download_container(spec, image)]
     scheduling = spec.get("scheduling", {})

@@ -216,7 +216,7 @@ def test_command_line_watches_the_scope(scope, namespaces):
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert args.metrics_port == ports["metrics"]
     assert args.liveness == f"http://0.0.0.0:{ports['health']}/healthz"
-    for probe in ("livenessProbe", "startupProbe"):
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     service = one(found, "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
@@ -277,6 +277,16 @@ def test_images_default_to_the_app_version_and_follow_the_global_registry():
     model_image = "mirror.example.com:5000/kvpilot/kvpilot@sha256:" + "ab" * 32
     assert _env(container)["KVPILOT_IMAGE"] == model_image
     assert _operator_pod(found)["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_pull_secrets_reach_the_model_pods_through_the_operator(monkeypatch):
+    values = {"imagePullSecrets": [{"name": "regcred"}, {"name": "mirror"}]}
+    env = _env(_container(objects(render(values))))
+    monkeypatch.setenv("KVPILOT_IMAGE_PULL_SECRETS", env["KVPILOT_IMAGE_PULL_SECRETS"])
+    from kvpilot_operator.handlers import pull_secrets
+
+    assert pull_secrets() == ("regcred", "mirror")
+    assert "KVPILOT_IMAGE_PULL_SECRETS" not in _env(_container(objects(render())))
 
 
 def test_extra_objects_are_rendered_and_strings_are_templates():
@@ -392,10 +402,27 @@ def test_the_chart_as_it_is_renders_its_files():
 )
 def test_network_policy_admits_only_clients_the_operator_and_prometheus(values, namespaces):
     found = objects(render(_merge(values, {"networkPolicy": {"enabled": True}})))
-    policies = of_kind(found, "NetworkPolicy")
+    operator_labels = _operator_pod_labels(found)
+    (operator_policy,) = [
+        p
+        for p in of_kind(found, "NetworkPolicy")
+        if _matches(p["spec"]["podSelector"]["matchLabels"], operator_labels)
+    ]
+    policies = [p for p in of_kind(found, "NetworkPolicy") if p is not operator_policy]
     assert [p["metadata"]["namespace"] for p in policies] == namespaces
     model = one(_model_objects(), "Deployment")["spec"]["template"]
-    operator_labels = _operator_pod_labels(found)
+    # The operator's pod: Prometheus only, on its metrics port (probes come from the node).
+    assert operator_policy["metadata"]["namespace"] == NAMESPACE
+    assert operator_policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = operator_policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    prometheus_pods = {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    prometheus_namespace = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    assert rule["from"] == [
+        {"podSelector": prometheus_pods, "namespaceSelector": prometheus_namespace}
+    ]
+    operator_selector = operator_policy["spec"]["podSelector"]["matchLabels"]
+    assert not _matches(operator_selector, model["metadata"]["labels"])
     for policy in policies:
         spec = policy["spec"]
         assert _matches(spec["podSelector"]["matchLabels"], model["metadata"]["labels"])
@@ -411,7 +438,6 @@ def test_network_policy_admits_only_clients_the_operator_and_prometheus(values, 
         assert _matches(operator["podSelector"]["matchLabels"], operator_labels)
         ns = {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
         assert operator["namespaceSelector"] == ns
-        prometheus_pods = {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
         assert prometheus["podSelector"] == prometheus_pods
 
 

@@ -183,3 +183,12 @@ def test_every_emptydir_has_a_size_limit_the_model_fits_in(source, cache):
     assert limits == {"shm": "1024Mi", "tmp": "1Gi", "model-cache": cache}
     body["spec"]["resources"]["modelCacheGiB"] = 500
     assert _size_limits(body)["model-cache"] == "500Gi"
+
+
+def test_model_pods_pull_with_the_operators_pull_secrets():
+    """The chart's imagePullSecrets reach the operator as KVPILOT_IMAGE_PULL_SECRETS and every
+    model pod names them, so a private registry serves model images too."""
+    body = _body(SAMPLES[0])
+    assert "imagePullSecrets" not in _pod(render(body, IMAGE))
+    pod = _pod(render(body, IMAGE, ("regcred", "mirror")))
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
