@@ -131,6 +131,7 @@ LABEL org.opencontainers.image.title="kvpilot-server-cpu" \
       org.opencontainers.image.base.name="${PYTHON_BASE}"
 COPY --from=server-cpu-build /opt/kvpilot/venv /opt/kvpilot/venv
 COPY --from=server-cpu-build /var/cache/kvpilot /var/cache/kvpilot
+COPY --from=server-cpu-build /opt/kvpilot/models /opt/kvpilot/models
 WORKDIR /tmp
 USER 1000:0
 EXPOSE 8000
@@ -205,6 +206,7 @@ LABEL org.opencontainers.image.title="kvpilot-server" \
       org.opencontainers.image.base.name="${CUDA_BASE}"
 COPY --from=server-build /opt/kvpilot/venv /opt/kvpilot/venv
 COPY --from=server-build /var/cache/kvpilot /var/cache/kvpilot
+COPY --from=server-build /opt/kvpilot/models /opt/kvpilot/models
 WORKDIR /tmp
 USER 1000:0
 EXPOSE 8000

@@ -139,6 +139,17 @@ def test_every_target_exists_and_runs_kvpilot():
         assert "EXPOSE" in {k for k, _ in STAGES[target].instructions}
 
 
+def test_server_targets_carry_the_model_converted_at_build_time():
+    """The operator mounts an empty volume over KVPILOT_CACHE; the copy converted at build time
+    must live in KVPILOT_BUILTIN_DIR, and the final stage must copy it from the build stage."""
+    for target in ("server", "server-cpu"):
+        baked = _env(target)["KVPILOT_BUILTIN_DIR"]
+        models = baked.removesuffix("/builtin")
+        copies = [a for k, a in STAGES[target].instructions if k == "COPY"]
+        assert any(a.split()[-1] == models for a in copies), f"{target} lacks {models}"
+        assert not baked.startswith(_env(target)["KVPILOT_CACHE"]), target
+
+
 def _pod() -> dict:
     sample = ROOT / "crds" / "samples" / "builtin-cpu.yaml"
     body = crd.with_defaults(yaml.safe_load(sample.read_text()))
