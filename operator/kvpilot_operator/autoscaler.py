@@ -1,7 +1,7 @@
 """The autoscale path's I/O: a kopf daemon per ModelDeployment with autoscaling on. Every
 intervalSeconds: list its pods, scrape the ready ones' /metrics, observe() over the window,
 decide(), and write the result: replicas through the scale subresource, status.autoscaling, an
-Event for every scale, the operator's metrics.
+Event for every scale, the operator's metrics (dropped again when the daemon stops).
 
 What stabilization needs (recent recommendations, last decisions) lives in status.autoscaling,
 so an operator restart continues where it left off instead of scaling on a fresh memory.
@@ -52,16 +52,25 @@ def _enabled(spec: kopf.Spec, **_: Any) -> bool:
 
 
 @kopf.daemon(*RESOURCE, when=_enabled, cancellation_timeout=5.0, backoff=RETRY_SECONDS)
-async def autoscale(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def autoscale(
+    body: kopf.Body, stopped: kopf.DaemonStopped, name: str, namespace: str, **_: Any
+) -> None:
     window: Window | None = None
-    async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
-        while not stopped:
-            md = crd.defaulted(body)  # body is live: the newest spec
-            scaling = md["spec"]["autoscaling"]
-            if window is None or window.seconds != scaling["windowSeconds"]:
-                window = Window(scaling["windowSeconds"])
-            await step(md, window, client)
-            await stopped.wait(scaling["intervalSeconds"])
+    try:
+        async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
+            while not stopped:
+                md = crd.defaulted(body)  # body is live: the newest spec
+                scaling = md["spec"]["autoscaling"]
+                if window is None or window.seconds != scaling["windowSeconds"]:
+                    window = Window(scaling["windowSeconds"])
+                await step(md, window, client)
+                await stopped.wait(scaling["intervalSeconds"])
+    finally:
+        # Stopped: the ModelDeployment was deleted or autoscaling turned off (or the operator
+        # exits), and nothing updates its gauges any more. After a failed step (kopf retries
+        # it) they stay: a gap would restart the `for` of every alert on them.
+        if stopped:
+            metrics.forget(namespace, name)
 
 
 async def step(md: dict, window: Window, client: httpx.AsyncClient) -> Decision:
@@ -93,9 +102,8 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient) -> Decision:
     await asyncio.to_thread(_write, md, inputs, decision, state, now, len(pods), len(ready))
     labels = (namespace, name)
     metrics.scrape_failures.labels(*labels).inc(failures)
-    metrics.desired.labels(*labels).set(decision.replicas)
-    metrics.current.labels(*labels).set(len(pods))
-    metrics.ready.labels(*labels).set(len(ready))
+    metrics.set_replicas(namespace, name, decision.replicas, len(pods), len(ready))
+    metrics.max_replicas.labels(*labels).set(scaling["maxReplicas"])
     if inputs.queue_per_replica is not None:
         metrics.queue.labels(*labels).set(inputs.queue_per_replica)
     if inputs.p95_ms is not None:

@@ -8,6 +8,9 @@ LABELS = ["namespace", "name"]
 desired = Gauge(names.OPERATOR_DESIRED_REPLICAS, "Replicas the autoscaler asks for", LABELS)
 current = Gauge(names.OPERATOR_CURRENT_REPLICAS, "Pods that exist", LABELS)
 ready = Gauge(names.OPERATOR_READY_REPLICAS, "Pods ready to serve", LABELS)
+max_replicas = Gauge(
+    names.OPERATOR_MAX_REPLICAS, "spec.autoscaling.maxReplicas, while autoscaling is on", LABELS
+)
 queue = Gauge(names.OPERATOR_QUEUE_DEPTH, "Waiting interactive requests per replica", LABELS)
 p95 = Gauge(names.OPERATOR_P95_SECONDS, "p95 of the autoscaling latency metric", LABELS)
 scale_events = Counter(
@@ -18,3 +21,20 @@ scrape_failures = Counter(
 )
 reconcile_errors = Counter(names.OPERATOR_RECONCILE_ERRORS, "Reconciles that raised", LABELS)
 reconcile_seconds = Histogram(names.OPERATOR_RECONCILE_SECONDS, "Reconcile duration", LABELS)
+
+# Every gauge labelled by one ModelDeployment: a value kept after it is gone, or after nothing
+# updates it any more, would keep alerts firing on a stale number.
+GAUGES = (desired, current, ready, max_replicas, queue, p95)
+
+
+def set_replicas(namespace: str, name: str, wanted: int, existing: int, serving: int) -> None:
+    """One ModelDeployment's desired, current and ready replicas."""
+    desired.labels(namespace, name).set(wanted)
+    current.labels(namespace, name).set(existing)
+    ready.labels(namespace, name).set(serving)
+
+
+def forget(namespace: str, name: str, gauges: tuple[Gauge, ...] = GAUGES) -> None:
+    """Drop one ModelDeployment's series from `gauges` (absent ones are skipped)."""
+    for gauge in gauges:
+        gauge.remove(namespace, name)

@@ -48,6 +48,7 @@ LATENCY_BUCKETS = (
 OPERATOR_DESIRED_REPLICAS = "kvpilot_operator_desired_replicas"
 OPERATOR_CURRENT_REPLICAS = "kvpilot_operator_current_replicas"
 OPERATOR_READY_REPLICAS = "kvpilot_operator_ready_replicas"
+OPERATOR_MAX_REPLICAS = "kvpilot_operator_max_replicas"
 OPERATOR_QUEUE_DEPTH = "kvpilot_operator_observed_queue_depth"
 OPERATOR_P95_SECONDS = "kvpilot_operator_observed_p95_seconds"
 OPERATOR_SCALE_EVENTS = "kvpilot_operator_scale_events_total"

@@ -91,11 +91,14 @@ class StandInCluster:
 
     # -- the operator -------------------------------------------------------------------------
 
-    def start_operator(self, log: Path, status_interval: float = 0.5, liveness: str = "") -> None:
+    def start_operator(
+        self, log: Path, status_interval: float = 0.5, liveness: str = "", metrics_port: int = 0
+    ) -> None:
+        """`metrics_port` 0: no /metrics."""
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KVPILOT_IMAGE": "kvpilot:test"}
         env["KVPILOT_STATUS_INTERVAL_SECONDS"] = str(status_interval)
         cmd = [sys.executable, "-m", "kvpilot_server.cli", "operator", "--liveness", liveness]
-        cmd += ["--metrics-port", "0"]
+        cmd += ["--metrics-port", str(metrics_port)]
         self._log = log.open("ab")
         self.operator = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
