@@ -365,14 +365,19 @@ def fleet() -> dashboard.Dashboard:
         .with_row(dashboard.Row("Replicas"))
         .with_panel(
             panel(
-                "Desired vs current vs ready replicas",
-                "What the autoscaler asks for, pods that exist, pods ready to serve (operator "
-                "metrics, for ModelDeployments with autoscaling on), and pods whose engine "
-                "metrics Prometheus has.",
+                "Desired vs current vs ready vs max replicas",
+                "What the autoscaler asks for, pods that exist, pods ready to serve, the "
+                "autoscaler's bound spec.autoscaling.maxReplicas (operator metrics, for "
+                "ModelDeployments with autoscaling on; desired on max means pinned at the "
+                "bound), and pods whose engine metrics Prometheus has.",
                 [
                     (
                         f"max by ({by}) ({sel(names.OPERATOR_DESIRED_REPLICAS, OPERATOR)})",
                         "{{name}} desired",
+                    ),
+                    (
+                        f"max by ({by}) ({sel(names.OPERATOR_MAX_REPLICAS, OPERATOR)})",
+                        "{{name}} max",
                     ),
                     (
                         f"max by ({by}) ({sel(names.OPERATOR_CURRENT_REPLICAS, OPERATOR)})",
@@ -534,6 +539,7 @@ def alert_groups() -> dict[str, Any]:
     requests = f"sum by (namespace, model) ({rate(names.REQUESTS, '', '5m')})"
     failed = 'outcome="error"'
     errors = f"sum by (namespace, model) ({rate(names.REQUESTS, '', '5m', failed)})"
+    maximum = f"max by (namespace, name) ({names.OPERATOR_MAX_REPLICAS})"
     ready_by_ns = f"sum by (namespace) ({names.OPERATOR_READY_REPLICAS})"
     serving = [
         alert(
@@ -601,6 +607,15 @@ def alert_groups() -> dict[str, Any]:
             "warning",
             f"ModelDeployment {md} has {{{{ $value }}}} ready replicas, fewer than desired",
             "Fewer replicas have been ready than the autoscaler asks for during 15 minutes.",
+        ),
+        alert(
+            "KvpilotModelDeploymentPinnedAtMax",
+            f"{desired}\n>=\n{maximum}",
+            "30m",
+            "warning",
+            f"ModelDeployment {md} has been held at maxReplicas ({{{{ $value }}}}) for 30 minutes",
+            "The autoscaler has asked for spec.autoscaling.maxReplicas replicas for 30 minutes: "
+            "it may add no more, so more load means longer queues and higher latency.",
         ),
         alert(
             "KvpilotMetricsAbsent",

@@ -89,6 +89,7 @@ def _operator(deadline: float) -> None:
         operator_metrics.desired.labels(*labels).set(2)
         operator_metrics.current.labels(*labels).set(2)
         operator_metrics.ready.labels(*labels).set(1)
+        operator_metrics.max_replicas.labels(*labels).set(3)
         operator_metrics.queue.labels(*labels).set(tick % 5)
         operator_metrics.p95.labels(*labels).set(0.1 + 0.01 * (tick % 7))
         operator_metrics.scrape_failures.labels(*labels).inc(tick % 2)
