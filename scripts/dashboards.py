@@ -366,10 +366,10 @@ def fleet() -> dashboard.Dashboard:
         .with_panel(
             panel(
                 "Desired vs current vs ready vs max replicas",
-                "What the autoscaler asks for, pods that exist, pods ready to serve, the "
-                "autoscaler's bound spec.autoscaling.maxReplicas (operator metrics, for "
-                "ModelDeployments with autoscaling on; desired on max means pinned at the "
-                "bound), and pods whose engine metrics Prometheus has.",
+                "Replicas asked for, pods that exist, pods ready to serve (operator metrics), "
+                "the autoscaler's bound spec.autoscaling.maxReplicas (only while autoscaling is "
+                "on; desired on max means pinned at the bound), and pods whose engine metrics "
+                "Prometheus has.",
                 [
                     (
                         f"max by ({by}) ({sel(names.OPERATOR_DESIRED_REPLICAS, OPERATOR)})",

@@ -66,11 +66,12 @@ async def autoscale(
                 await step(md, window, client)
                 await stopped.wait(scaling["intervalSeconds"])
     finally:
-        # Stopped: the ModelDeployment was deleted or autoscaling turned off (or the operator
-        # exits), and nothing updates its gauges any more. After a failed step (kopf retries
-        # it) they stay: a gap would restart the `for` of every alert on them.
+        # Stopped: autoscaling turned off or the ModelDeployment deleted (handlers.forget drops
+        # the rest then), or the operator exits: nothing updates the autoscaler's gauges any
+        # more. After a failed step (kopf retries it) they stay: a gap would restart the `for`
+        # of every alert on them.
         if stopped:
-            metrics.forget(namespace, name)
+            metrics.forget(namespace, name, metrics.AUTOSCALER_GAUGES)
 
 
 async def step(md: dict, window: Window, client: httpx.AsyncClient) -> Decision:
@@ -102,7 +103,6 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient) -> Decision:
     await asyncio.to_thread(_write, md, inputs, decision, state, now, len(pods), len(ready))
     labels = (namespace, name)
     metrics.scrape_failures.labels(*labels).inc(failures)
-    metrics.set_replicas(namespace, name, decision.replicas, len(pods), len(ready))
     metrics.max_replicas.labels(*labels).set(scaling["maxReplicas"])
     if inputs.queue_per_replica is not None:
         metrics.queue.labels(*labels).set(inputs.queue_per_replica)

@@ -90,6 +90,13 @@ def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     report(body, md, check(md["spec"]), patch)
 
 
+@kopf.on.delete(*RESOURCE, optional=True)
+def forget(name: str, namespace: str, **_: Any) -> None:
+    """A deleted ModelDeployment's gauges go with it (optional: the timer's finalizer already
+    holds the deletion until this ran)."""
+    metrics.forget(namespace, name)
+
+
 def _first_to_post(uid: str, condition: dict) -> bool:
     """Reconcile and the status timer may both see the same change in the same old status;
     only the first of them posts its Event."""
@@ -108,6 +115,10 @@ def report(body: kopf.Body, md: dict, fit: Fit, patch: kopf.Patch) -> None:
     deployment = cluster().get("Deployment", name, namespace)
     pods = cluster().pods(namespace, selector_labels(name))
     new = status(md, deployment, pods, fit, timestamp())
+    if not md["metadata"].get("deletionTimestamp"):  # forget() drops them on deletion
+        metrics.set_replicas(
+            namespace, name, new["desiredReplicas"], new["replicas"], new["readyReplicas"]
+        )
     old_conditions = md.get("status", {}).get("conditions", [])
     for condition in changed(old_conditions, new["conditions"]):
         if not _first_to_post(md["metadata"]["uid"], condition):
