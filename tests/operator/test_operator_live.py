@@ -65,7 +65,9 @@ def test_lifecycle_apply_ready_change_scale_unschedulable_delete(cluster):
     md = cluster.create(MD, _sample("builtin-cpu.yaml"))
     name = md["metadata"]["name"]
     deployment = wait_for("the Deployment", lambda: cluster.get(DEPLOYMENTS, name))
-    assert _owned_by(deployment, md) and _owned_by(cluster.get(SERVICES, name), md)
+    # The Service is applied right after the Deployment: wait for it too, not only the first.
+    service = wait_for("the Service", lambda: cluster.get(SERVICES, name))
+    assert _owned_by(deployment, md) and _owned_by(service, md)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--model=builtin://smollm2-135m-instruct" in args
 
