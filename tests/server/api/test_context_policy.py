@@ -106,10 +106,14 @@ def test_non_streaming_client_that_leaves_aborts_its_request(truncating):
     before = _engine_state(truncating)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{truncating}/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+    # The aborts are counted when the client leaves; the engine's gauges follow at its next
+    # step (they come from the snapshot it publishes), so wait for both.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         state = _engine_state(truncating)
-        if state[f"{names.REQUESTS}/abort"] - before.get(f"{names.REQUESTS}/abort", 0) == 8:
+        aborted = state[f"{names.REQUESTS}/abort"] - before.get(f"{names.REQUESTS}/abort", 0)
+        busy = state[names.REQUESTS_RUNNING] + state[names.REQUESTS_WAITING]
+        if aborted == 8 and busy == 0 and state[names.KV_CACHE_USAGE] == 0:
             break
         time.sleep(0.05)
     assert state[f"{names.REQUESTS}/abort"] - before.get(f"{names.REQUESTS}/abort", 0) == 8
