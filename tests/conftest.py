@@ -1,6 +1,9 @@
-"""Shared fixtures: the bundled real model, tiny random checkpoints and the HF oracle."""
+"""Shared fixtures: the bundled real model, tiny random checkpoints, the HF oracle, and the real
+Kubernetes control plane with the chart installed."""
 
 import functools
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,9 @@ import torch
 
 from kvpilot_server.models.builtin import builtin_path
 from kvpilot_server.models.tiny import TINY_MODELS, build_tiny_model
+from tests.kube.cluster import Cluster, create_namespace
+from tests.kube.controlplane import ControlPlane
+from tests.kube.install import Installed, install
 
 # Plain English, sliced into prompts of any length (a real tokenizer on real text gives the
 # model realistic, well-separated next-token choices).
@@ -83,3 +89,39 @@ def hf_greedy():
         return list(_hf_greedy(path, tuple(prompt), max_new_tokens))
 
     return run
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory) -> Iterator[Installed]:
+    """etcd, kube-apiserver and kube-controller-manager on 127.0.0.1 for the whole session, with
+    the chart installed by `helm install` (watching all namespaces): the CRD, the operator's
+    ServiceAccount and RBAC. Fails every test that uses it, saying why, if it cannot start."""
+    plane = ControlPlane(tmp_path_factory.mktemp("controlplane"))
+    try:
+        plane.start(controller_manager=False)
+        installed = install(plane, "--set", "watch.scope=All")
+        plane.start_controller_manager()  # its garbage collector sees the CRD from the start
+        yield installed
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def kube_namespace(kube, request) -> Iterator[Cluster]:
+    """A fresh namespace of the session's control plane for one test; the operator it starts
+    runs under the chart's ServiceAccount."""
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{name}-{len(kube_namespaces)}"
+    kube_namespaces.append(name)
+    create_namespace(kube.plane, name)
+    cluster = Cluster(kube.plane, name, kube.operator_kubeconfig)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+        # Bound pods wait for a kubelet: none is left, so the namespace may stay Terminating.
+        with kube.plane.client() as http:
+            http.delete(f"/api/v1/namespaces/{name}")
+
+
+kube_namespaces: list[str] = []  # every name used in this session, for unique new ones

@@ -1,0 +1,180 @@
+"""The node, played by the test, for the real control plane (which has no scheduler and no
+kubelet): a Node object, and a loop that binds each new pod of one namespace to it (or reports
+it unschedulable), reports it running and ready, and finishes deleting pods the way a kubelet
+does once its containers stopped (the API server waits for that on bound pods).
+
+With `serve`, every pod gets a real `kvpilot serve` on its own 127.0.0.x address and the pod
+port, reported as the pod's IP once it answers, as a kubelet starts the container."""
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.kube.cluster import PODS, Cluster
+
+NODE = "kvpilot-test-node"
+PORT = 8000  # the model server's port in the pod template (render.py)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ensure_node(http: httpx.Client) -> None:
+    """The Node the pods are bound to (the pod garbage collector deletes pods whose node is
+    missing). No node-lifecycle controller runs, so it is never tainted."""
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+    }
+    response = http.post("/api/v1/nodes", json=node)
+    if response.status_code not in (201, 409):
+        response.raise_for_status()
+
+
+def running(pod: dict, ip: str) -> dict:
+    """The status a kubelet reports for a pod whose containers all run and pass readiness."""
+    now = _now()
+    containers = [
+        {
+            "name": c["name"],
+            "image": c["image"],
+            "imageID": "",
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": now}},
+        }
+        for c in pod["spec"]["containers"]
+    ]
+    conditions = [
+        {"type": kind, "status": "True", "lastTransitionTime": now}
+        for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+    ]
+    return {
+        "phase": "Running",
+        "hostIP": "127.0.0.1",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "startTime": now,
+        "conditions": conditions,
+        "containerStatuses": containers,
+    }
+
+
+def unschedulable(message: str) -> dict:
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": message,
+        "lastTransitionTime": _now(),
+    }
+    return {"phase": "Pending", "conditions": [condition]}
+
+
+class Node:
+    """Call sync() for one pass, or start() for a pass every `interval` seconds until stop().
+    Set `schedulable` False to report new pods unschedulable with `unschedulable_message`."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        serve: Callable[[str], Any] | None = None,
+        stop_server: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.cluster, self.serve, self.stop_server = cluster, serve, stop_server
+        self.schedulable = True
+        self.unschedulable_message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+        self.servers: dict[str, tuple[Any, str]] = {}  # pod name -> (server, address)
+        self._next_address = 20
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors: list[str] = []
+        ensure_node(cluster.http)
+
+    def sync(self) -> None:
+        pods = {p["metadata"]["name"]: p for p in self.cluster.list(PODS)}
+        for name in [n for n in self.servers if n not in pods]:
+            self._kill(name)
+        for name, pod in pods.items():
+            if pod["metadata"].get("deletionTimestamp"):
+                self._finish_deleting(name)
+            elif not pod["spec"].get("nodeName"):
+                self._place(pod)
+
+    def _place(self, pod: dict) -> None:
+        name = pod["metadata"]["name"]
+        if not self.schedulable:
+            scheduled = [c for c in pod.get("status", {}).get("conditions", [])]
+            if not any(c["type"] == "PodScheduled" for c in scheduled):
+                self._report(name, unschedulable(self.unschedulable_message))
+            return
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": NODE},
+        }
+        self.cluster.http.post(f"{self.cluster.path(PODS, name)}/binding", json=binding)
+        address = "127.0.0.1"
+        if self.serve is not None:
+            address = f"127.0.0.{self._next_address}"
+            self._next_address += 1
+            self.servers[name] = (self.serve(address), address)
+        self._report(name, running(pod, address))
+
+    def _report(self, name: str, status: dict) -> None:
+        self.cluster.patch(PODS, name, {"status": status}, "status")
+
+    def _finish_deleting(self, name: str) -> None:
+        self._kill(name)
+        self.cluster.http.request(
+            "DELETE", self.cluster.path(PODS, name), json={"gracePeriodSeconds": 0}
+        )
+
+    def _kill(self, name: str) -> None:
+        if name in self.servers:
+            server, _ = self.servers.pop(name)
+            if self.stop_server is not None:
+                self.stop_server(server)
+
+    def addresses(self) -> list[str]:
+        return [address for _, address in list(self.servers.values())]
+
+    # -- a background loop --------------------------------------------------------------------
+
+    def start(self, interval: float = 0.2) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.sync()
+                except httpx.HTTPError as exc:
+                    self.errors.append(repr(exc))  # shown if a test fails; the loop goes on
+                self._stop.wait(interval)
+
+        self._thread = threading.Thread(target=loop, daemon=True, name="test-node")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
+        for name in list(self.servers):
+            self._kill(name)
+
+
+def serve_tiny(model_dir: Path, *server_args: str) -> tuple[Callable, Callable]:
+    """(serve, stop_server) for Node: a real `kvpilot serve` of a tiny model per pod."""
+    from tests.server.api.live_server import start_tiny_server, stop_server
+
+    def serve(address: str) -> Any:
+        process, _ = start_tiny_server(model_dir, *server_args, host=address, port=PORT)
+        return process
+
+    return serve, stop_server
