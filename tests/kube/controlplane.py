@@ -222,7 +222,10 @@ class ControlPlane:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
-                {"name": "kvpilot", "cluster": {"server": self.url, "certificate-authority": str(self.ca)}}
+                {
+                    "name": "kvpilot",
+                    "cluster": {"server": self.url, "certificate-authority": str(self.ca)},
+                }
             ],
             "users": [{"name": "user", "user": {"token": token}}],
             "contexts": [{"name": "kvpilot", "context": context}],

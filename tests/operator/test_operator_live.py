@@ -68,7 +68,8 @@ def test_lifecycle_apply_ready_change_scale_unschedulable_delete(cluster, node):
     assert ready
     status = cluster.get(MD, name)["status"]
     assert (
-        status["readyReplicas"] == 1 and status["endpoint"] == f"http://{name}.{cluster.ns}.svc:8000/v1"
+        status["readyReplicas"] == 1
+        and status["endpoint"] == f"http://{name}.{cluster.ns}.svc:8000/v1"
     )
     assert status["observedGeneration"] == 1 and status["capacity"]["sequencesAtMaxModelLen"] >= 1
     # kopf posts Events from a queue, a moment after the status patch.
