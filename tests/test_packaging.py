@@ -24,7 +24,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from kvpilot_server.extras import OPERATOR_MODULES, SERVER_MODULES
-from tests.operator.kube_cluster import DEPLOYMENTS, MD, StandInCluster, wait_for
+from tests.kube.cluster import DEPLOYMENTS, MD, wait_for
+from tests.kube.node import Node
 
 ROOT = Path(__file__).parents[1]
 OURS = {"kvpilot_server", "kvpilot_operator"}
@@ -221,9 +222,9 @@ def test_operator_without_its_extra_names_it_in_one_line(tmp_path):
     ]
 
 
-def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch):
+def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch, kube_namespace):
     """Every operator module imports, `kvpilot operator --help` works, and the operator brings
-    the bundled-model sample to Ready against the API stand-in, in a Python that can import only
+    the bundled-model sample to Ready on the real control plane, in a Python that can import only
     the standard library and what kvpilot[operator] installs: no torch, no transformers."""
     env = _hiding_env(tmp_path, allow_only=_importable("operator"))
     modules = sorted(p.stem for p in (ROOT / "operator" / "kvpilot_operator").glob("*.py"))
@@ -242,16 +243,16 @@ def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch):
     assert result.returncode == 0 and "--namespace" in result.stdout, result.stderr
 
     for name in ("PYTHONPATH", "KVPILOT_TEST_ALLOW_ONLY", "KVPILOT_TEST_HIDDEN_LOG"):
-        monkeypatch.setenv(name, env[name])  # StandInCluster starts the operator with os.environ
-    cluster = StandInCluster(tmp_path)
+        monkeypatch.setenv(name, env[name])  # the operator is started with os.environ
+    cluster, node = kube_namespace, Node(kube_namespace)
     log = tmp_path / "operator.log"
     try:
         cluster.start_operator(log)
         cluster.wait_for_operator()
+        node.start()
         sample = yaml.safe_load((ROOT / "crds" / "samples" / "builtin-cpu.yaml").read_text())
         name = cluster.create(MD, sample)["metadata"]["name"]
         wait_for("the Deployment", lambda: cluster.get(DEPLOYMENTS, name))
-        cluster.run_deployment_controller()
 
         def ready() -> bool:
             conditions = (cluster.get(MD, name) or {}).get("status", {}).get("conditions", [])
@@ -259,8 +260,10 @@ def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch):
 
         wait_for("Ready", ready)
         assert cluster.operator is not None and cluster.operator.poll() is None
+        cluster.delete_model_deployments()
     finally:
-        cluster.close()
+        node.stop()
+        cluster.stop_operator()
         print(log.read_text()[-3000:])  # shown by pytest when the test fails
     tried = {m.partition(".")[0] for m in _hidden(tmp_path)}
     assert not {"torch", "transformers"} & tried, tried

@@ -137,7 +137,10 @@ class Cluster:
     def create(self, template: str, body: dict) -> dict:
         api_version, kind = TYPES[template]
         body = {"apiVersion": api_version, "kind": kind, **body}
-        return self.http.post(self.path(template), json=body).raise_for_status().json()
+        response = self.http.post(self.path(template), json=body)
+        if response.is_error:  # the API server's own words, not only the status code
+            raise AssertionError(f"{response.status_code} creating {kind}: {response.text}")
+        return response.json()
 
     def patch(self, template: str, name: str, body: dict, subresource: str = "") -> dict:
         path = self.path(template, name) + (f"/{subresource}" if subresource else "")

@@ -18,6 +18,9 @@ from tests.kube.cluster import PODS, Cluster
 
 NODE = "kvpilot-test-node"
 PORT = 8000  # the model server's port in the pod template (render.py)
+# The IP of a pod without a server: loopback, where nothing listens on the pod port, so a scrape
+# of it is refused at once.
+NO_SERVER = "127.0.0.254"
 
 
 def _now() -> str:
@@ -122,7 +125,7 @@ class Node:
             "target": {"apiVersion": "v1", "kind": "Node", "name": NODE},
         }
         self.cluster.http.post(f"{self.cluster.path(PODS, name)}/binding", json=binding)
-        address = "127.0.0.1"
+        address = NO_SERVER
         if self.serve is not None:
             address = f"127.0.0.{self._next_address}"
             self._next_address += 1

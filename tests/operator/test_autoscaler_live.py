@@ -1,7 +1,8 @@
-"""The autoscaler end to end on loopback: the real operator against the API stand-in, a real
-`kvpilot serve` (tiny model, at most 2 sequences at a time) behind every Pod on its own
-127.0.0.x address, and real load. A load step raises the replicas, with an Event and the reason
-in status; when the load stops they go back to minReplicas after the (shortened) stabilization."""
+"""The autoscaler end to end on loopback: the real operator against the real control plane (the
+real Deployment controller makes and removes the pods), a real `kvpilot serve` (tiny model, at
+most 2 sequences at a time) behind every Pod on its own 127.0.0.x address, and real load. A
+load step raises the replicas, with an Event and the reason in status; when the load stops
+they go back to minReplicas after the (shortened) stabilization."""
 
 import threading
 import time
@@ -10,10 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.operator.kube_cluster import MD, StandInCluster, wait_for
-from tests.operator.kubelet import PORT, Kubelet
+from tests.kube.cluster import EVENTS, MD, wait_for
+from tests.kube.node import PORT, Node, serve_tiny
 
-EVENTS = "/api/v1/namespaces/{ns}/events"
 BODY = {
     "model": "tiny",
     "prompt": "The river",
@@ -38,35 +38,23 @@ SPEC = {
 
 
 @pytest.fixture
-def stand_in(tmp_path, tiny_dir):
-    cluster = StandInCluster(tmp_path)
-    kubelet = Kubelet(cluster, tiny_dir("llama"), "--max-num-seqs", "2")
-    stop = threading.Event()
-
-    def controllers() -> None:
-        while not stop.is_set():
-            try:
-                cluster.run_deployment_controller(pod_status=None)
-                kubelet.sync()
-            except httpx.HTTPError:
-                pass  # the stand-in going away at the end of the test
-            stop.wait(0.5)
-
+def live(kube_namespace, tmp_path, tiny_dir):
+    cluster = kube_namespace
+    node = Node(cluster, *serve_tiny(tiny_dir("llama"), "--max-num-seqs", "2"))
     cluster.start_operator(tmp_path / "operator.log", status_interval=1)
     cluster.wait_for_operator()
-    thread = threading.Thread(target=controllers, daemon=True)
-    thread.start()
+    node.start(interval=0.5)
     try:
-        yield cluster, kubelet
+        yield cluster, node
+        cluster.delete_model_deployments()
     finally:
-        stop.set()
-        thread.join(60)
-        kubelet.stop()
-        cluster.close()
+        node.stop()
+        cluster.stop_operator()
         print((tmp_path / "operator.log").read_text()[-3000:])
+        print("node errors:", node.errors[-5:])
 
 
-def _load(kubelet: Kubelet, stop: threading.Event, deadline: float) -> int:
+def _load(node: Node, stop: threading.Event, deadline: float) -> int:
     """Closed-loop clients, 12 at a time, spread over the pods; bounded in time."""
     sent = 0
 
@@ -74,7 +62,7 @@ def _load(kubelet: Kubelet, stop: threading.Event, deadline: float) -> int:
         done = 0
         with httpx.Client(timeout=60) as http:
             while not stop.is_set() and time.monotonic() < deadline:
-                addresses = kubelet.addresses()
+                addresses = node.addresses()
                 if not addresses:
                     time.sleep(0.2)
                     continue
@@ -91,13 +79,13 @@ def _load(kubelet: Kubelet, stop: threading.Event, deadline: float) -> int:
     return sent
 
 
-def test_load_step_scales_up_with_reasons_and_idle_scales_back(stand_in):
-    cluster, kubelet = stand_in
+def test_load_step_scales_up_with_reasons_and_idle_scales_back(live):
+    cluster, node = live
     cluster.create(MD, {"metadata": {"name": "auto"}, "spec": SPEC})
-    wait_for("the first pod to serve", lambda: kubelet.addresses(), timeout=120)
+    wait_for("the first pod to serve", lambda: node.addresses(), timeout=120)
 
     stop = threading.Event()
-    loader = threading.Thread(target=_load, args=(kubelet, stop, time.monotonic() + 240))
+    loader = threading.Thread(target=_load, args=(node, stop, time.monotonic() + 240))
     loader.start()
     try:
         scaled = wait_for(

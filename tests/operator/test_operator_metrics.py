@@ -2,11 +2,10 @@
 current and ready while autoscaling is on, and every gauge's series gone once the ModelDeployment
 is deleted or autoscaling is turned off (a stale series would keep alerts firing until the
 operator restarts). First the autoscaler's step and daemon in-process, then the real operator's
-/metrics against the Kubernetes API stand-in."""
+/metrics against the real control plane, the test playing the node."""
 
 import asyncio
 import contextlib
-import socket
 import time
 
 import httpx
@@ -17,7 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvpilot_operator import autoscaler, crd, metrics
 from kvpilot_operator.observe import Window
 from kvpilot_server import metric_names as names
-from tests.operator.kube_cluster import DEPLOYMENTS, MD, READY_POD, StandInCluster, wait_for
+from tests.kube.cluster import DEPLOYMENTS, MD, wait_for
+from tests.kube.controlplane import free_port
+from tests.kube.node import Node
 
 GAUGES = [
     names.OPERATOR_DESIRED_REPLICAS,
@@ -31,8 +32,16 @@ SPEC = {
     "model": {"source": "builtin://smollm2-135m-instruct"},
     "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
     "replicas": 2,
-    "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3, "intervalSeconds": 1},
+    # A target is required (a CEL rule); the stand-in these tests used before let it be left out.
+    "autoscaling": {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "intervalSeconds": 1,
+        "targetQueueDepth": 4,
+    },
 }
+READY_POD = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
 
 
 def _md(name: str, spec: dict = SPEC) -> dict:
@@ -144,18 +153,12 @@ def test_a_failed_step_keeps_the_gauges_for_kopfs_retry(monkeypatch):
 # -- the real operator ---------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def operator(tmp_path):
-    """(the stand-in cluster, a function returning the operator's gauges now)."""
-    stand_in = StandInCluster(tmp_path)
-    log, port = tmp_path / "operator.log", _free_port()
-    stand_in.start_operator(log, status_interval=0.5, metrics_port=port)
+def operator(kube_namespace, tmp_path):
+    """(the cluster, a function returning the operator's gauges now); the node runs."""
+    cluster, node = kube_namespace, Node(kube_namespace)
+    log, port = tmp_path / "operator.log", free_port()
+    cluster.start_operator(log, status_interval=0.5, metrics_port=port)
 
     def gauges() -> dict[tuple[str, str], dict[str, float]]:
         """(metric, ModelDeployment name) -> value, for the operator's gauges."""
@@ -171,11 +174,14 @@ def operator(tmp_path):
         }
 
     try:
-        stand_in.wait_for_operator()
+        cluster.wait_for_operator()
         wait_for("the operator's /metrics", lambda: httpx.get(f"http://127.0.0.1:{port}/metrics"))
-        yield stand_in, gauges
+        node.start()
+        yield cluster, gauges
+        cluster.delete_model_deployments()
     finally:
-        stand_in.close()
+        node.stop()
+        cluster.stop_operator()
         print(log.read_text()[-3000:])  # shown by pytest when the test fails
 
 
@@ -189,7 +195,6 @@ def test_operator_exports_max_and_drops_gauges_on_autoscaling_off_and_delete(ope
     fixed = {k: v for k, v in SPEC.items() if k != "autoscaling"}
     cluster.create(MD, {"metadata": {"name": "fixed"}, "spec": fixed})
     wait_for("the Deployments", lambda: len(cluster.list(DEPLOYMENTS)) == 2)
-    cluster.run_deployment_controller()
 
     def counted() -> dict[str, float]:
         series = _series_of(gauges(), "auto")
@@ -229,7 +234,6 @@ def test_replica_gauges_for_a_modeldeployment_without_autoscaling(operator):
     fixed = {k: v for k, v in SPEC.items() if k != "autoscaling"}
     cluster.create(MD, {"metadata": {"name": "fixed"}, "spec": fixed})
     wait_for("the Deployment", lambda: cluster.get(DEPLOYMENTS, "fixed"))
-    cluster.run_deployment_controller()
     replicas = [
         names.OPERATOR_DESIRED_REPLICAS,
         names.OPERATOR_CURRENT_REPLICAS,
