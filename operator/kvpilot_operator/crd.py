@@ -26,7 +26,9 @@ def schema() -> dict[str, Any]:
 
 def with_defaults(value: Any, node: dict[str, Any] | None = None) -> Any:
     """A copy of `value` with the structural schema's defaults filled in, recursively (a default
-    that is itself an object gets its own fields' defaults, as in the API server)."""
+    that is itself an object gets its own fields' defaults, as in the API server). A null where
+    the schema does not allow one is dropped first, then defaulted, as the API server does: YAML
+    writes `engine:` with every child commented out as a null."""
     return _fill(copy.deepcopy(value), schema() if node is None else node)
 
 
@@ -39,10 +41,19 @@ def _fill(value: Any, node: dict[str, Any]) -> Any:
     """Fill defaults into `value` in place (it is already a private copy)."""
     if isinstance(value, dict) and "properties" in node:
         for name, child in node["properties"].items():
+            if name in value and value[name] is None and not child.get("nullable"):
+                del value[name]
             if name not in value and "default" in child:
                 value[name] = copy.deepcopy(child["default"])
             if name in value:
                 value[name] = _fill(value[name], child)
+    elif isinstance(value, dict) and isinstance(node.get("additionalProperties"), dict):
+        values = node["additionalProperties"]
+        for name in list(value):
+            if value[name] is None and not values.get("nullable"):
+                del value[name]  # a map's null values go too (a list's null items stay)
+            else:
+                value[name] = _fill(value[name], values)
     elif isinstance(value, list) and "items" in node:
         for i, item in enumerate(value):
             value[i] = _fill(item, node["items"])

@@ -43,37 +43,69 @@ def _with(change: dict, name: str | None = None) -> dict:
     return obj
 
 
-@pytest.mark.parametrize(
-    ("obj", "message"),
-    [
-        (
-            _with(
-                {"autoscaling.enabled": True, "autoscaling.targetQueueDepth": 4}
-                | {"autoscaling.minReplicas": 5, "autoscaling.maxReplicas": 2}
-            ),
-            "minReplicas must not exceed autoscaling.maxReplicas",
+# id -> (an invalid manifest, a part of the message it must be rejected with): the CRD's own
+# message for its CEL rules, the API server's words for the rest (crd_rules speaks them).
+# test_crd_apiserver sends each to a real API server.
+INVALID_CASES: dict[str, tuple[dict, str]] = {
+    "min>max": (
+        _with(
+            {"autoscaling.enabled": True, "autoscaling.targetQueueDepth": 4}
+            | {"autoscaling.minReplicas": 5, "autoscaling.maxReplicas": 2}
         ),
-        (_with({"autoscaling.enabled": True}), "needs targetQueueDepth or targetLatencyP95"),
-        (_with({"model.source": "s3://bucket/model"}), "source must be hf://org/name"),
-        (_with({"model.source": "hf://just-a-name"}), "source must be hf://org/name"),
-        (_with({}, name="a" * 41), "metadata.name must be at most 40 characters"),
-        (_with({"engine.quantization": "int8"}), "'int8' is not one of"),
-        (_with({"replicas": -1}), "-1 is less than the minimum of 0"),
-        (_with({"resources.gpus": "1"}), "'1' is not of type 'integer'"),
-        (_with({"resources.memory": "lots"}), "does not match"),
-    ],
-    ids=[
-        "min>max",
-        "no-target",
-        "scheme",
-        "hf-no-org",
-        "long-name",
-        "enum",
-        "bound",
-        "type",
-        "qty",
-    ],
-)
+        "minReplicas must not exceed autoscaling.maxReplicas",
+    ),
+    "no-target": (
+        _with({"autoscaling.enabled": True}),
+        "needs targetQueueDepth or targetLatencyP95",
+    ),
+    "scheme": (_with({"model.source": "s3://bucket/model"}), "source must be hf://org/name"),
+    "hf-no-org": (_with({"model.source": "hf://just-a-name"}), "source must be hf://org/name"),
+    "long-name": (_with({}, name="a" * 41), "metadata.name must be at most 40 characters"),
+    # The Service is named after the ModelDeployment: a DNS-1035 label, stricter than the
+    # subdomain the API server asks of the ModelDeployment's own name.
+    "dotted-name": (_with({}, name="qwen2.5-7b"), "metadata.name must be a DNS-1035 label"),
+    "digit-name": (_with({}, name="7b"), "metadata.name must be a DNS-1035 label"),
+    "upper-name": (_with({}, name="Qwen"), "a lowercase RFC 1123 subdomain must consist"),
+    "enum": (_with({"engine.quantization": "int8"}), 'Unsupported value: "int8"'),
+    "bound": (_with({"replicas": -1}), "spec.replicas in body should be greater than or equal"),
+    "type": (_with({"resources.gpus": "1"}), "spec.resources.gpus in body must be of type integer"),
+    "qty": (_with({"resources.memory": "lots"}), "spec.resources.memory in body should match"),
+    # kubectl validates strictly by default: a misspelt field fails rather than vanishing.
+    "unknown-field": (
+        _with({"engine.maxModelLength": 4096}),
+        'unknown field "spec.engine.maxModelLength"',
+    ),
+    # A bound (not a blocking error) lets the CEL rules run and report too...
+    "bound+min>max": (
+        _with(
+            {"replicas": -1, "autoscaling.enabled": True, "autoscaling.targetQueueDepth": 4}
+            | {"autoscaling.minReplicas": 5, "autoscaling.maxReplicas": 2}
+        ),
+        "minReplicas must not exceed autoscaling.maxReplicas",
+    ),
+    # ...a wrong enum value (blocking) does not: the rule on the source is not checked.
+    "enum+scheme": (
+        _with({"engine.quantization": "int8", "model.source": "s3://bucket/model"}),
+        "some validation rules were not checked",
+    ),
+}
+
+# id -> a manifest the API server accepts though it looks wrong; test_crd_apiserver checks each,
+# and that the defaults crd.with_defaults fills in are the API server's.
+ACCEPTED_CASES: dict[str, dict] = {
+    # YAML's `engine:` with every child commented out: null, dropped and defaulted.
+    "null-object": _with({"engine": None}),
+    "null-fields": _with({"replicas": None, "model.servedModelName": None}),
+    "null-label": _with({"scheduling.nodeSelector": {"pool": "gpu", "zone": None}}),
+    # On create the status is reset (the status subresource), whatever it held.
+    "status": {**_with({}), "status": {"conditions": [{"type": "Ready"}], "replicas": "two"}},
+    "generate-name": {**_with({}), "metadata": {"generateName": "smollm2-"}},
+    # kubectl sends YAML's 2.0 as 2.
+    "integral-float": _with({"replicas": 2.0, "engine.blockSize": 32.0}),
+}
+
+
+@pytest.mark.parametrize(("obj", "message"), list(INVALID_CASES.values()), ids=list(INVALID_CASES))
 def test_invalid_manifests_are_rejected_with_the_intended_message(obj, message):
     found = errors(obj)
     assert any(message in e for e in found), found
@@ -120,6 +152,20 @@ FIELD_CASES = [
     ("model.tokenSecretRef", {"name": "hf-token", "key": "token"}, True),
     ("model.tokenSecretRef", {"name": "hf-token", "key": "../token"}, False),
 ]
+
+
+@pytest.mark.parametrize("obj", list(ACCEPTED_CASES.values()), ids=list(ACCEPTED_CASES))
+def test_manifests_that_only_look_wrong_are_accepted(obj):
+    assert errors(obj) == []
+
+
+def test_nulls_are_dropped_then_defaulted():
+    spec = crd.with_defaults(ACCEPTED_CASES["null-object"])["spec"]
+    assert spec["engine"]["dtype"] == "Auto"
+    spec = crd.with_defaults(ACCEPTED_CASES["null-fields"])["spec"]
+    assert spec["replicas"] == 1 and "servedModelName" not in spec["model"]
+    spec = crd.with_defaults(ACCEPTED_CASES["null-label"])["spec"]
+    assert spec["scheduling"]["nodeSelector"] == {"pool": "gpu"}
 
 
 @pytest.mark.parametrize(("field", "value", "accepted"), FIELD_CASES)
