@@ -111,27 +111,47 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient) -> Decision:
     return decision
 
 
+def record(
+    state: dict, inputs: Inputs, decision: Decision, now: float, pods: int, ready: int
+) -> dict:
+    """status.autoscaling after a step: what was observed, the recommendation history, the
+    last decisions and whether the bounds clamped it. The autoscaler writes only this;
+    status.status() turns `limited` into the ScalingLimited condition, so status.conditions
+    keeps one writer."""
+    observed = {
+        "time": timestamp(now),
+        "pods": pods,
+        "readyPods": ready,
+        "scrapeFailures": inputs.scrape_failures,
+        "queueDepth": None
+        if inputs.queue_per_replica is None
+        else round(inputs.queue_per_replica, 2),
+        "p95Milliseconds": None if inputs.p95_ms is None else round(inputs.p95_ms),
+    }
+    result: dict[str, Any] = {
+        "observed": observed,
+        "recommendation": decision.recommendation,
+        "recommendations": [[round(t, 3), r] for t, r in decision.history],
+        "reason": decision.reason,
+        "limited": decision.limited,
+        "decisions": list(state.get("decisions", [])),
+    }
+    if "lastScaleTime" in state:
+        result["lastScaleTime"] = state["lastScaleTime"]
+    if decision.replicas != inputs.current:
+        entry = {"time": timestamp(now), "from": inputs.current, "to": decision.replicas}
+        entry["inputs"] = {k: observed[k] for k in ("queueDepth", "p95Milliseconds")}
+        entry["reason"] = decision.reason
+        result["decisions"] = [*result["decisions"], entry][-DECISIONS_KEPT:]
+        result["lastScaleTime"] = timestamp(now)
+    return result
+
+
 def _write(
     md: dict, inputs: Inputs, decision: Decision, state: dict, now: float, pods: int, ready: int
 ) -> None:
     meta = md["metadata"]
     name, namespace, before = meta["name"], meta["namespace"], inputs.current
-    decisions = list(state.get("decisions", []))
-    status: dict[str, Any] = {
-        "observed": {
-            "time": timestamp(now),
-            "pods": pods,
-            "readyPods": ready,
-            "scrapeFailures": inputs.scrape_failures,
-            "queueDepth": None
-            if inputs.queue_per_replica is None
-            else round(inputs.queue_per_replica, 2),
-            "p95Milliseconds": None if inputs.p95_ms is None else round(inputs.p95_ms),
-        },
-        "recommendation": decision.recommendation,
-        "recommendations": [[round(t, 3), r] for t, r in decision.history],
-        "reason": decision.reason,
-    }
     client = cluster().client
     if decision.replicas != before:
         client.patch(
@@ -141,36 +161,15 @@ def _write(
             namespace=namespace,
             patch_type=PatchType.MERGE,
         )
-        entry = {"time": timestamp(now), "from": before, "to": decision.replicas}
-        entry["inputs"] = {
-            k: v for k, v in status["observed"].items() if k in ("queueDepth", "p95Milliseconds")
-        }
-        decisions = [*decisions, {**entry, "reason": decision.reason}][-DECISIONS_KEPT:]
-        status["lastScaleTime"] = timestamp(now)
         direction = "up" if decision.replicas > before else "down"
         driver = decision.reason.split(" ", 1)[0]
         why = {"queue": "QueueDepth", "p95": "Latency", "no": "Idle"}.get(driver, "Other")
         metrics.scale_events.labels(namespace, name, direction, why).inc()
         kopf.event(md, type="Normal", reason=f"Scaled{direction.title()}", message=decision.reason)
-    status["decisions"] = decisions
-    conditions = md.get("status", {}).get("conditions", [])
-    flag = "True" if decision.limited else "False"
-    previous = next((c for c in conditions if c["type"] == "ScalingLimited"), {})
-    limited = {
-        "type": "ScalingLimited",
-        "status": flag,
-        "reason": "AtBounds" if decision.limited else "WithinBounds",
-        "message": decision.reason,
-        # The time of the last flip, as for every condition.
-        "lastTransitionTime": previous.get("lastTransitionTime")
-        if previous.get("status") == flag
-        else timestamp(now),
-    }
-    conditions = [c for c in conditions if c["type"] != "ScalingLimited"]
     client.patch(
         ModelDeploymentResource.Status,
         name,
-        {"status": {"autoscaling": status, "conditions": [*conditions, limited]}},
+        {"status": {"autoscaling": record(state, inputs, decision, now, pods, ready)}},
         namespace=namespace,
         patch_type=PatchType.MERGE,
     )

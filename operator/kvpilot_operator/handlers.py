@@ -17,7 +17,7 @@ from kvpilot_operator.cluster import Cluster
 from kvpilot_operator.fit import Fit, check
 from kvpilot_operator.naming import selector_labels
 from kvpilot_operator.render import render
-from kvpilot_operator.status import changed, status, timestamp
+from kvpilot_operator.status import changed, is_warning, status, timestamp
 
 RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
 STATUS_INTERVAL_SECONDS = float(os.environ.get("KVPILOT_STATUS_INTERVAL_SECONDS", "10"))
@@ -123,10 +123,9 @@ def report(body: kopf.Body, md: dict, fit: Fit, patch: kopf.Patch) -> None:
     for condition in changed(old_conditions, new["conditions"]):
         if not _first_to_post(md["metadata"]["uid"], condition):
             continue
-        bad = (condition["type"] == "Degraded") == (condition["status"] == "True")
         kopf.event(
             body,
-            type="Warning" if bad else "Normal",
+            type="Warning" if is_warning(condition) else "Normal",
             reason=condition["reason"],
             message=f"{condition['type']}={condition['status']}: {condition['message']}",
         )

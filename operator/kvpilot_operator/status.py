@@ -125,8 +125,21 @@ def conditions(
     return [ready_condition, progressing, degraded]
 
 
+def scaling_limited(spec: dict, autoscaling: dict) -> Condition | None:
+    """ScalingLimited from the autoscaler's last step as it recorded it in status.autoscaling
+    (the autoscaler writes nothing else, so status.conditions has one writer). None while
+    autoscaling is off or before its first step."""
+    if not (spec.get("autoscaling") or {}).get("enabled") or "limited" not in autoscaling:
+        return None
+    why = autoscaling.get("reason", "")
+    if autoscaling["limited"]:
+        return Condition("ScalingLimited", "True", "AtBounds", why)
+    return Condition("ScalingLimited", "False", "WithinBounds", why)
+
+
 def merge(old: list[dict], new: list[Condition], now: str, generation: int) -> list[dict]:
-    """Conditions as stored: lastTransitionTime moves only when the status flips."""
+    """Conditions as stored: lastTransitionTime moves only when the status flips. Only `new`
+    is kept: a condition status() no longer reports goes."""
     before = {c["type"]: c for c in old}
     merged = []
     for c in new:
@@ -142,14 +155,30 @@ def merge(old: list[dict], new: list[Condition], now: str, generation: int) -> l
                 "observedGeneration": generation,
             }
         )
-    kept = [c for c in old if c["type"] not in {n.type for n in new}]  # e.g. ScalingLimited
-    return merged + kept
+    return merged
 
 
 def changed(old: list[dict], new: list[dict]) -> list[dict]:
-    """Conditions whose status or reason differ from before: each deserves an Event."""
+    """Conditions whose status or reason differ from before: each deserves an Event, except
+    ScalingLimited (each scale has its own Event, naming the bounds when they clamp it)."""
     before = {c["type"]: (c["status"], c.get("reason")) for c in old}
-    return [c for c in new if before.get(c["type"]) != (c["status"], c.get("reason"))]
+    return [
+        c
+        for c in new
+        if before.get(c["type"]) != (c["status"], c.get("reason")) and c["type"] != "ScalingLimited"
+    ]
+
+
+def is_warning(condition: dict) -> bool:
+    """Whether a condition's change is announced as a Warning Event (else Normal)."""
+    kind, flag = condition["type"], condition["status"]
+    if kind == "Degraded":
+        return flag == "True"
+    if kind == "Ready":
+        return flag == "False" and condition.get("reason") != "ScaledToZero"
+    if kind == "Progressing":  # False and Complete: a rollout finished
+        return flag == "False" and condition.get("reason") != "Complete"
+    return False
 
 
 def status(
@@ -165,6 +194,8 @@ def status(
         "generation", 0
     )
     found = conditions(desired, ready, fit, pods, rolled)
+    limited = scaling_limited(spec, body.get("status", {}).get("autoscaling") or {})
+    found += [limited] if limited else []
     old = body.get("status", {}).get("conditions", [])
     result: dict[str, Any] = {
         "observedGeneration": generation,
