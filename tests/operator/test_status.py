@@ -6,7 +6,7 @@ import pytest
 from kvpilot_operator import crd
 from kvpilot_operator.fit import Fit, check
 from kvpilot_operator.render import render
-from kvpilot_operator.status import changed, status
+from kvpilot_operator.status import changed, is_warning, status
 
 NOW, LATER = "2026-11-30T10:00:00Z", "2026-11-30T10:05:00Z"
 FITS = Fit(True, "fits", {"sequencesAtMaxModelLen": 4})
@@ -222,3 +222,36 @@ def test_scaled_to_zero_and_rollout_in_progress():
     )
     rolling = status(_body(), _deployment(2, 1), [], FITS, NOW)
     assert _conditions(rolling)["Progressing"] == ("True", "RollingOut")
+
+
+@pytest.mark.parametrize(
+    "kind, flag, reason, warning",
+    [
+        ("Ready", "True", "AllReplicasReady", False),
+        ("Ready", "False", "Unschedulable", True),
+        ("Ready", "False", "ScaledToZero", False),  # asked for: nothing is wrong
+        ("Progressing", "True", "RollingOut", False),
+        ("Progressing", "False", "Complete", False),  # a rollout finished
+        ("Progressing", "False", "CrashLoopBackOff", True),
+        ("Degraded", "False", "AsExpected", False),
+        ("Degraded", "True", "OOMKilled", True),
+    ],
+)
+def test_which_condition_changes_are_warnings(kind, flag, reason, warning):
+    assert is_warning({"type": kind, "status": flag, "reason": reason}) is warning
+
+
+def test_scaling_limited_comes_from_the_autoscalers_record_and_is_not_announced():
+    body = _body(autoscaling={"enabled": True, "targetQueueDepth": 4})
+    assert "ScalingLimited" not in _conditions(status(body, _deployment(2, 2), [], FITS, NOW))
+    body["status"] = {"autoscaling": {"limited": True, "reason": "no load (limited to 1..4)"}}
+    result = status(body, _deployment(2, 2), [], FITS, NOW)
+    assert _conditions(result)["ScalingLimited"] == ("True", "AtBounds")
+    assert _message(result, "ScalingLimited") == "no load (limited to 1..4)"
+    assert [c["type"] for c in changed([], result["conditions"])] == [
+        "Ready",
+        "Progressing",
+        "Degraded",
+    ]
+    body["spec"]["autoscaling"]["enabled"] = False  # off: the condition goes
+    assert "ScalingLimited" not in _conditions(status(body, _deployment(2, 2), [], FITS, NOW))
