@@ -61,8 +61,7 @@ def main() -> None:
         version = (plane.get("/version") or {}).get("gitVersion")
         create_namespace(plane, "bench")
         cluster = Cluster(plane, "bench", installed.operator_kubeconfig)
-        # Status refreshes every 10 s, as in production: the bulk run measures reconciling.
-        cluster.start_operator(workdir / "operator.log", status_interval=10)
+        cluster.start_operator(workdir / "operator.log")
         cluster.wait_for_operator()
         single = []
         for i in range(args.single):

@@ -1,7 +1,8 @@
 """The autoscale path's I/O: a kopf daemon per ModelDeployment with autoscaling on. Every
-intervalSeconds: list its pods, scrape the ready ones' /metrics, observe() over the window,
-decide(), and write the result: replicas through the scale subresource, status.autoscaling, an
-Event for every scale, the operator's metrics (dropped again when the daemon stops).
+intervalSeconds: take its pods from the operator's watch, scrape the ready ones' /metrics,
+observe() over the window, decide(), and write the result: replicas through the scale
+subresource, status.autoscaling, an Event for every scale, the operator's metrics (dropped
+again when the daemon stops).
 
 What stabilization needs (recent recommendations, last decisions) lives in status.autoscaling,
 so an operator restart continues where it left off instead of scaling on a fresh memory.
@@ -13,18 +14,15 @@ from typing import Any
 
 import httpx
 import kopf
-from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
-from kvpilot_operator import crd, metrics
+from kvpilot_operator import children, crd, metrics
+from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, ModelDeploymentResource, cluster
 from kvpilot_operator.decide import Decision, Inputs, decide
 from kvpilot_operator.engine_flags import PORT
-from kvpilot_operator.handlers import RESOURCE, RETRY_SECONDS, cluster
-from kvpilot_operator.naming import selector_labels
 from kvpilot_operator.observe import Window, observe, parse
 from kvpilot_operator.status import timestamp
 
-ModelDeploymentResource = create_namespaced_resource(crd.GROUP, crd.VERSION, crd.KIND, crd.PLURAL)
 SCRAPE_TIMEOUT_S = 2.0
 DECISIONS_KEPT = 10
 
@@ -53,7 +51,12 @@ def _enabled(spec: kopf.Spec, **_: Any) -> bool:
 
 @kopf.daemon(*RESOURCE, when=_enabled, cancellation_timeout=5.0, backoff=RETRY_SECONDS)
 async def autoscale(
-    body: kopf.Body, stopped: kopf.DaemonStopped, name: str, namespace: str, **_: Any
+    body: kopf.Body,
+    stopped: kopf.DaemonStopped,
+    name: str,
+    namespace: str,
+    owned_pods: kopf.Index,
+    **_: Any,
 ) -> None:
     window: Window | None = None
     try:
@@ -63,7 +66,8 @@ async def autoscale(
                 scaling = md["spec"]["autoscaling"]
                 if window is None or window.seconds != scaling["windowSeconds"]:
                     window = Window(scaling["windowSeconds"])
-                await step(md, window, client)
+                # The pods from the operator's watch (children.py): no API call per step.
+                await step(md, window, client, children.pods(owned_pods, namespace, name))
                 await stopped.wait(scaling["intervalSeconds"])
     finally:
         # Stopped: autoscaling turned off or the ModelDeployment deleted (handlers.forget drops
@@ -74,10 +78,9 @@ async def autoscale(
             metrics.forget(namespace, name, metrics.AUTOSCALER_GAUGES)
 
 
-async def step(md: dict, window: Window, client: httpx.AsyncClient) -> Decision:
+async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[dict]) -> Decision:
     meta, spec = md["metadata"], md["spec"]
     name, namespace, scaling = meta["name"], meta["namespace"], spec["autoscaling"]
-    pods = await asyncio.to_thread(cluster().pods, namespace, selector_labels(name))
     pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     ready = [p for p in pods if _ready(p)]
     now = time.time()

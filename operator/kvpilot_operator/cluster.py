@@ -1,12 +1,16 @@
-"""The operator's reads and writes of child objects, through lightkube, as plain API dicts."""
+"""The operator's reads and writes through lightkube, as plain API dicts, and the names the
+kopf handlers and the autoscaler share."""
 
 from typing import Any
 
 from lightkube import ApiError, Client, codecs
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Pod, Service
+from lightkube.resources.core_v1 import Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
+
+from kvpilot_operator import crd
 
 KINDS: dict[str, Any] = {
     "Deployment": Deployment,
@@ -14,6 +18,17 @@ KINDS: dict[str, Any] = {
     "PodDisruptionBudget": PodDisruptionBudget,
 }
 FIELD_MANAGER = "kvpilot-operator"
+RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)  # what the kopf handlers watch
+ModelDeploymentResource = create_namespaced_resource(crd.GROUP, crd.VERSION, crd.KIND, crd.PLURAL)
+RETRY_SECONDS = 5  # after an API error; kopf's default of 60 s leaves status stale too long
+_cluster: "Cluster | None" = None
+
+
+def cluster() -> "Cluster":
+    """The one client of the process (lightkube's connection pool is shared)."""
+    global _cluster
+    _cluster = _cluster or Cluster()
+    return _cluster
 
 
 class Cluster:
@@ -44,16 +59,13 @@ class Cluster:
             return False
         return True
 
-    def get(self, kind: str, name: str, namespace: str) -> dict | None:
-        try:
-            return self.client.get(KINDS[kind], name, namespace=namespace).to_dict()
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
-            return None
-
-    def pods(self, namespace: str, labels: dict[str, str]) -> list[dict]:
-        found = self.client.list(Pod, namespace=namespace, labels=labels)
-        pods = [p.to_dict() for p in found]
-        # Filter here too: a selector the server ignored must not pull in strangers' pods.
-        return [p for p in pods if labels.items() <= (p["metadata"].get("labels") or {}).items()]
+    def patch_status(self, name: str, namespace: str, status: dict) -> dict:
+        """Merge-patch a ModelDeployment's status; the status as stored afterwards."""
+        updated = self.client.patch(
+            ModelDeploymentResource.Status,
+            name,
+            {"status": status},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+        return dict(updated.to_dict().get("status") or {})

@@ -1,30 +1,32 @@
 """kopf handlers: thin. Spec in, render() and status() in the middle, writes at the edges.
 
-There is no on.delete handler: children carry owner references and go with the garbage
-collector. kopf still adds its own finalizer, because the status timer and the autoscale daemon
-must be stopped when an object goes, so a deletion completes only while the operator runs.
+Two writers, each of its own part: reconcile() writes the children, and keep_status(), a daemon
+per ModelDeployment, writes its status (all of it but status.autoscaling, the autoscaler's). The
+daemon recomputes status when a child or the object changes (children.py: kopf indexes fed by
+watches, so it costs no API calls) and writes only what changed; a slow resync is the safety net.
+
+There is no on.delete handler for children: they carry owner references and go with the
+garbage collector. kopf adds its own finalizer, because the daemons must be stopped when an
+object goes, so a deletion completes only while the operator runs.
 """
 
+import asyncio
 import os
-import threading
 from importlib.metadata import version
 from typing import Any
 
 import kopf
 
-from kvpilot_operator import crd, metrics
-from kvpilot_operator.cluster import Cluster
-from kvpilot_operator.fit import Fit, check
-from kvpilot_operator.naming import selector_labels
+from kvpilot_operator import children, crd, metrics
+from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster
+from kvpilot_operator.fit import check
 from kvpilot_operator.render import render
 from kvpilot_operator.status import changed, is_warning, status, timestamp
 
-RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
-STATUS_INTERVAL_SECONDS = float(os.environ.get("KVPILOT_STATUS_INTERVAL_SECONDS", "10"))
-RETRY_SECONDS = 5  # after an API error; kopf's default of 60 s leaves status stale too long
-_cluster: Cluster | None = None
-_posted: dict[str, dict[str, tuple[str, str]]] = {}  # uid -> condition type -> last Event's
-_posted_lock = threading.Lock()
+# Nothing is polled: this only bounds how long a missed event could leave status stale.
+RESYNC_SECONDS = float(os.environ.get("KVPILOT_STATUS_RESYNC_SECONDS", "300"))
+# A pod's updates come in bursts (scheduled, started, ready): one recomputation for a burst.
+SETTLE_SECONDS = 0.05
 
 
 def image() -> str:
@@ -37,12 +39,6 @@ def pull_secrets() -> tuple[str, ...]:
     return tuple(n.strip() for n in names if n.strip())
 
 
-def cluster() -> Cluster:
-    global _cluster
-    _cluster = _cluster or Cluster()
-    return _cluster
-
-
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Keep kopf's bookkeeping in annotations: status belongs to our users.
@@ -50,86 +46,87 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kvpilot.dev", key="last-handled-configuration"
     )
+    children.select(settings)
 
 
 @kopf.on.resume(*RESOURCE, backoff=RETRY_SECONDS)
 @kopf.on.create(*RESOURCE, backoff=RETRY_SECONDS)
 @kopf.on.update(*RESOURCE, field="spec", backoff=RETRY_SECONDS)
-def reconcile(body: kopf.Body, patch: kopf.Patch, name: str, namespace: str, **_: Any) -> None:
+def reconcile(body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
     with metrics.reconcile_seconds.labels(namespace, name).time():
         try:
-            _reconcile(body, patch)
+            _reconcile(body)
         except Exception:
             metrics.reconcile_errors.labels(namespace, name).inc()
             raise
 
 
-def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
+def _reconcile(body: kopf.Body) -> None:
     md = crd.defaulted(body)
-    fit = check(md["spec"])
     # A spec that cannot fit creates no pods that would only OOM; what runs keeps running.
-    if fit.fits is not False:
-        objects = render(md, image(), pull_secrets())
-        kopf.adopt(objects, owner=body)
-        for obj in objects:
-            cluster().apply(obj)
-        if not any(o["kind"] == "PodDisruptionBudget" for o in objects):
-            meta = md["metadata"]
-            cluster().delete("PodDisruptionBudget", meta["name"], meta["namespace"])
-    report(body, md, fit, patch)
+    # keep_status() says why, from the same check.
+    if check(md["spec"]).fits is False:
+        return
+    objects = render(md, image(), pull_secrets())
+    kopf.adopt(objects, owner=body)
+    for obj in objects:
+        cluster().apply(obj)
+    if not any(o["kind"] == "PodDisruptionBudget" for o in objects):
+        meta = md["metadata"]
+        cluster().delete("PodDisruptionBudget", meta["name"], meta["namespace"])
 
 
-@kopf.timer(
-    *RESOURCE,
-    interval=STATUS_INTERVAL_SECONDS,
-    initial_delay=STATUS_INTERVAL_SECONDS,
-    backoff=RETRY_SECONDS,
-)
-def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    md = crd.defaulted(body)
-    report(body, md, check(md["spec"]), patch)
+@kopf.daemon(*RESOURCE, cancellation_timeout=5.0, backoff=RETRY_SECONDS)
+async def keep_status(
+    body: kopf.Body,
+    stopped: kopf.DaemonStopped,
+    name: str,
+    namespace: str,
+    owned_deployments: kopf.Index,
+    owned_pods: kopf.Index,
+    **_: Any,
+) -> None:
+    wake = children.waker(namespace, name)
+    written: dict = {}  # what this daemon last wrote: fresher than `body` until its event comes
+    try:
+        while not stopped:
+            wake.clear()
+            deployment = children.deployment(owned_deployments, namespace, name)
+            pods = children.pods(owned_pods, namespace, name)
+            written = await asyncio.to_thread(report, body, deployment, pods, written)
+            await children.sleep(wake, stopped, RESYNC_SECONDS)
+            await asyncio.sleep(SETTLE_SECONDS)
+    finally:
+        if stopped:
+            children.forget(namespace, name)
 
 
 @kopf.on.delete(*RESOURCE, optional=True)
 def forget(name: str, namespace: str, **_: Any) -> None:
-    """A deleted ModelDeployment's gauges go with it (optional: the timer's finalizer already
+    """A deleted ModelDeployment's gauges go with it (optional: the daemons' finalizer already
     holds the deletion until this ran)."""
     metrics.forget(namespace, name)
 
 
-def _first_to_post(uid: str, condition: dict) -> bool:
-    """Reconcile and the status timer may both see the same change in the same old status;
-    only the first of them posts its Event."""
-    state = (condition["status"], condition["reason"])
-    with _posted_lock:
-        seen = _posted.setdefault(uid, {})
-        if seen.get(condition["type"]) == state:
-            return False
-        seen[condition["type"]] = state
-        return True
-
-
-def report(body: kopf.Body, md: dict, fit: Fit, patch: kopf.Patch) -> None:
-    """Status from the children and pods as they are now; an Event per condition change."""
+def report(body: kopf.Body, deployment: dict | None, pods: list[dict], written: dict) -> dict:
+    """Status from the children as they are now: write what changed, an Event per condition
+    change. Returns what is written now (`written` plus this write)."""
+    md = crd.defaulted(body)
     name, namespace = md["metadata"]["name"], md["metadata"]["namespace"]
-    deployment = cluster().get("Deployment", name, namespace)
-    pods = cluster().pods(namespace, selector_labels(name))
-    new = status(md, deployment, pods, fit, timestamp())
+    new = status(md, deployment, pods, check(md["spec"]), timestamp())
     if not md["metadata"].get("deletionTimestamp"):  # forget() drops them on deletion
         metrics.set_replicas(
             namespace, name, new["desiredReplicas"], new["replicas"], new["readyReplicas"]
         )
-    old_conditions = md.get("status", {}).get("conditions", [])
-    for condition in changed(old_conditions, new["conditions"]):
-        if not _first_to_post(md["metadata"]["uid"], condition):
-            continue
+    current = {**md.get("status", {}), **written}
+    for condition in changed(current.get("conditions", []), new["conditions"]):
         kopf.event(
             body,
             type="Warning" if is_warning(condition) else "Normal",
             reason=condition["reason"],
             message=f"{condition['type']}={condition['status']}: {condition['message']}",
         )
-    current = md.get("status", {})
-    for key, value in new.items():
-        if current.get(key) != value:
-            patch.status[key] = value
+    update = {key: value for key, value in new.items() if current.get(key) != value}
+    if update:
+        cluster().patch_status(name, namespace, update)
+    return {**written, **update}

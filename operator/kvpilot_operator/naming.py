@@ -1,6 +1,8 @@
 """Names and labels of a ModelDeployment's children: fixed, so reconciling is idempotent."""
 
 NAME_LABEL, INSTANCE_LABEL = "app.kubernetes.io/name", "app.kubernetes.io/instance"
+# On every child: what the operator's watches select (children.py).
+MANAGED_BY = ("app.kubernetes.io/managed-by", "kvpilot-operator")
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -11,7 +13,7 @@ def labels(name: str) -> dict[str, str]:
     return {
         **selector_labels(name),
         "app.kubernetes.io/component": "model-server",
-        "app.kubernetes.io/managed-by": "kvpilot-operator",
+        MANAGED_BY[0]: MANAGED_BY[1],
         "app.kubernetes.io/part-of": "kvpilot",
     }
 

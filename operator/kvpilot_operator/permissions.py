@@ -36,7 +36,7 @@ NAMESPACED = (
         KVPILOT,
         "modeldeployments/status",
         ("patch",),
-        "status from the pods (handlers.report through kopf) and status.autoscaling",
+        "status from the children (handlers.report) and status.autoscaling",
     ),
     Permission(
         KVPILOT,
@@ -55,8 +55,9 @@ NAMESPACED = (
     Permission(
         "apps",
         "deployments",
-        ("get", "create", "patch"),
-        "Cluster.apply merge-patches or creates the model Deployment; report() reads it",
+        ("list", "watch", "create", "patch"),
+        "Cluster.apply merge-patches or creates the model Deployment; the status daemon and "
+        "the autoscaler see them through kopf's watch (children.py)",
     ),
     Permission("", "services", ("create", "patch"), "Cluster.apply: the model Service"),
     Permission(
@@ -65,7 +66,9 @@ NAMESPACED = (
         ("create", "patch", "delete"),
         "Cluster.apply above one replica; deleted again at one replica",
     ),
-    Permission("", "pods", ("list",), "status and the autoscaler read the model pods"),
+    Permission(
+        "", "pods", ("list", "watch"), "status and the autoscaler watch model pods (children.py)"
+    ),
     Permission("", "events", ("create",), "kopf.event: condition changes and scale decisions"),
 )
 

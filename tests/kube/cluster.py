@@ -68,16 +68,11 @@ class Cluster:
     # -- the operator -------------------------------------------------------------------------
 
     def start_operator(
-        self,
-        log: Path,
-        status_interval: float = 0.5,
-        metrics_port: int = 0,
-        namespaces: tuple[str, ...] = (),
+        self, log: Path, metrics_port: int = 0, namespaces: tuple[str, ...] = ()
     ) -> None:
         """`metrics_port` 0: no /metrics. No `namespaces`: it watches all (the chart's scope
         All, installed for the session); tests clean their namespace up before it stops."""
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KVPILOT_IMAGE": "kvpilot:test"}
-        env["KVPILOT_STATUS_INTERVAL_SECONDS"] = str(status_interval)
         self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
         cmd = [sys.executable, "-m", "kvpilot_server.cli", "operator"]
         cmd += [f"--namespace={n}" for n in namespaces]

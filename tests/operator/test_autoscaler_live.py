@@ -41,7 +41,7 @@ SPEC = {
 def live(kube_namespace, tmp_path, tiny_dir):
     cluster = kube_namespace
     node = Node(cluster, *serve_tiny(tiny_dir("llama"), "--max-num-seqs", "2"))
-    cluster.start_operator(tmp_path / "operator.log", status_interval=1)
+    cluster.start_operator(tmp_path / "operator.log")
     cluster.wait_for_operator()
     node.start(interval=0.5)
     try:

@@ -1,4 +1,4 @@
-"""status.conditions has one writer. The status refresh (handlers.report) and the autoscaler's
+"""status.conditions has one writer. The status daemon (handlers.report) and the autoscaler's
 step (autoscaler._write) both start from a snapshot of the object and merge-patch its status,
 as they do in the operator; whichever lands second must not undo the first. The autoscaler
 writes only status.autoscaling, and status() derives ScalingLimited from it."""
@@ -10,9 +10,7 @@ import pytest
 
 from kvpilot_operator import autoscaler, crd, handlers
 from kvpilot_operator.decide import Decision, Inputs
-from kvpilot_operator.fit import Fit
 
-FITS = Fit(True, "fits", {"sequencesAtMaxModelLen": 4})
 SPEC = {
     "model": {"source": "builtin://smollm2-135m-instruct"},
     "replicas": 2,
@@ -35,34 +33,34 @@ def merge_patch(target: dict, patch: dict) -> dict:
 
 
 class _Cluster:
-    """cluster() as report() and _write() use it: the Deployment with `ready` replicas ready,
-    and a client that records the status patches."""
+    """cluster() as report() and _write() use it: a client that records the status patches."""
 
-    def __init__(self, ready: int) -> None:
-        self.ready, self.patches, self.client = ready, [], self
-
-    def get(self, kind: str, name: str, namespace: str) -> dict:
-        status = {"replicas": 2, "readyReplicas": self.ready, "updatedReplicas": 2}
-        return {"metadata": {"generation": 1}, "status": {**status, "observedGeneration": 1}}
-
-    def pods(self, namespace: str, labels: dict) -> list[dict]:
-        return [{"metadata": {"name": f"p-{i}"}, "status": READY} for i in range(self.ready)]
+    def __init__(self) -> None:
+        self.patches: list[dict] = []
+        self.client = self
 
     def patch(self, resource, name, body, namespace, patch_type) -> None:
         self.patches.append(body)
 
+    def patch_status(self, name: str, namespace: str, status: dict) -> dict:
+        self.patches.append({"status": status})
+        return status
+
 
 def _refresh(stored: dict, ready: int, monkeypatch) -> dict:
-    """The status patch one refresh makes from `stored` with `ready` pods ready."""
-    monkeypatch.setattr(handlers, "cluster", lambda: _Cluster(ready))
-    patch = kopf.Patch()
-    handlers.report(stored, crd.defaulted(stored), FITS, patch)
-    return {"status": dict(patch.get("status", {}))}
+    """The status patch one refresh makes from `stored` with `ready` of 2 pods ready."""
+    fake = _Cluster()
+    monkeypatch.setattr(handlers, "cluster", lambda: fake)
+    observed = {"replicas": 2, "readyReplicas": ready, "updatedReplicas": 2}
+    deployment = {"metadata": {"generation": 1}, "status": {**observed, "observedGeneration": 1}}
+    pods = [{"metadata": {"name": f"p-{i}"}, "status": READY} for i in range(ready)]
+    handlers.report(stored, deployment, pods, {})
+    return fake.patches[0] if fake.patches else {}
 
 
 def _autoscale(stored: dict, monkeypatch) -> dict:
     """The status patch one autoscaler step makes from `stored`: held at 2, clamped by max 2."""
-    fake = _Cluster(2)
+    fake = _Cluster()
     monkeypatch.setattr(autoscaler, "cluster", lambda: fake)
     inputs = Inputs(2, 0, 2, 0, 9.0, None, 1.0)
     decision = Decision(2, 3, "queue 9.0/replica vs target 4 (limited to 2..2)", True, [(1.0, 3)])

@@ -3,6 +3,7 @@ against the real control plane (kube-apiserver, etcd, kube-controller-manager: t
 Deployment, ReplicaSet and garbage-collector controllers), with the test playing the node."""
 
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -176,3 +177,34 @@ def test_operator_restarted_mid_way_converges_without_duplicates(cluster, tmp_pa
     assert names == ["second", "smollm2"]
     assert _owned_by(cluster.get(DEPLOYMENTS, "smollm2"), first)
     assert cluster.operator is not None and cluster.operator.poll() is None
+
+
+def test_status_follows_the_pods_from_watches_and_costs_nothing_when_idle(cluster, kube):
+    """A pod turning ready reaches status through the operator's watch (the safety resync is
+    minutes away); then, with nothing changing, the operator sends the API server nothing: no
+    GET of the Deployment, no LIST of pods, no status patch."""
+    node = Node(cluster)  # by hand: one pass at a time
+    name = cluster.create(MD, _sample("builtin-cpu.yaml"))["metadata"]["name"]
+    wait_for("the pod", lambda: cluster.list(PODS), timeout=60)
+    node.sync()  # bound, running, ready
+    wait_for("Ready", lambda: _condition(cluster, name, "Ready").get("status") == "True")
+
+    time.sleep(1)  # the Events and the last writes of the transition land
+    start = time.time()
+    time.sleep(3)
+    calls = [
+        f"{e['verb']} {e['requestURI']}"
+        for e in kube.plane.audit(kube.operator_user)
+        if e["stage"] == "ResponseComplete"
+        and e["verb"] != "watch"
+        and start <= datetime.fromisoformat(e["requestReceivedTimestamp"]).timestamp()
+    ]
+    assert calls == []
+    # What it watches, it watches with the label selector of its children: the API server
+    # sends it no other workload's pods.
+    watches = [
+        e["requestURI"]
+        for e in kube.plane.audit(kube.operator_user)
+        if e["verb"] == "watch" and e["objectRef"]["resource"] in ("pods", "deployments")
+    ]
+    assert watches and all("managed-by%3Dkvpilot-operator" in uri for uri in watches), watches

@@ -55,14 +55,11 @@ def _value(metric: str, name: str, namespace: str = "ns") -> float | None:
 # -- in-process ----------------------------------------------------------------------------------
 
 
-class _Pods:
-    """cluster() as step() uses it: two pods, one ready (no podIP: its scrape fails at once)."""
-
-    def pods(self, namespace: str, labels: dict) -> list[dict]:
-        return [
-            {"metadata": {"name": "p-0"}, "status": READY_POD},
-            {"metadata": {"name": "p-1"}, "status": {"phase": "Pending"}},
-        ]
+# Two pods, one ready (no podIP: its scrape fails at once).
+PODS = [
+    {"metadata": {"name": "p-0"}, "status": READY_POD},
+    {"metadata": {"name": "p-1"}, "status": {"phase": "Pending"}},
+]
 
 
 class _Stopped:
@@ -80,12 +77,11 @@ class _Stopped:
 
 
 def test_step_sets_max(monkeypatch):
-    monkeypatch.setattr(autoscaler, "cluster", _Pods)
     monkeypatch.setattr(autoscaler, "_write", lambda *args: None)
 
     async def one_step():
         async with httpx.AsyncClient() as client:
-            return await autoscaler.step(_md("stepped"), Window(60), client)
+            return await autoscaler.step(_md("stepped"), Window(60), client, PODS)
 
     asyncio.run(one_step())
     assert _value(names.OPERATOR_MAX_REPLICAS, "stepped") == 3
@@ -112,13 +108,13 @@ def _run_daemon(name: str) -> tuple[_Stopped, asyncio.Task]:
     stopped = _Stopped()
     body = _md(name)
     task = asyncio.ensure_future(
-        autoscaler.autoscale(body=body, stopped=stopped, name=name, namespace="ns")
+        autoscaler.autoscale(body=body, stopped=stopped, name=name, namespace="ns", owned_pods={})
     )
     return stopped, task
 
 
 def test_the_daemon_drops_the_gauges_when_stopped(monkeypatch):
-    async def step(md, window, client):
+    async def step(md, window, client, pods):
         _every_gauge(md["metadata"]["name"])
 
     monkeypatch.setattr(autoscaler, "step", step)
@@ -135,7 +131,7 @@ def test_the_daemon_drops_the_gauges_when_stopped(monkeypatch):
 
 
 def test_a_failed_step_keeps_the_gauges_for_kopfs_retry(monkeypatch):
-    async def step(md, window, client):
+    async def step(md, window, client, pods):
         _every_gauge(md["metadata"]["name"])
         raise RuntimeError("the API server went away")
 
@@ -158,7 +154,7 @@ def operator(kube_namespace, tmp_path):
     """(the cluster, a function returning the operator's gauges now); the node runs."""
     cluster, node = kube_namespace, Node(kube_namespace)
     log, port = tmp_path / "operator.log", free_port()
-    cluster.start_operator(log, status_interval=0.5, metrics_port=port)
+    cluster.start_operator(log, metrics_port=port)
 
     def gauges() -> dict[tuple[str, str], dict[str, float]]:
         """(metric, ModelDeployment name) -> value, for the operator's gauges."""

@@ -5,7 +5,7 @@ operator/kvpilot_operator/permissions.py: edit that file, then run the script. *
 - apiGroups: ["kvpilot.dev"]
   resources: ["modeldeployments"]
   verbs: ["list", "watch", "patch"]
-# status from the pods (handlers.report through kopf) and status.autoscaling
+# status from the children (handlers.report) and status.autoscaling
 - apiGroups: ["kvpilot.dev"]
   resources: ["modeldeployments/status"]
   verbs: ["patch"]
@@ -17,10 +17,10 @@ operator/kvpilot_operator/permissions.py: edit that file, then run the script. *
 - apiGroups: ["kvpilot.dev"]
   resources: ["modeldeployments/finalizers"]
   verbs: ["update"]
-# Cluster.apply merge-patches or creates the model Deployment; report() reads it
+# Cluster.apply merge-patches or creates the model Deployment; the status daemon and the autoscaler see them through kopf's watch (children.py)
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 # Cluster.apply: the model Service
 - apiGroups: [""]
   resources: ["services"]
@@ -29,10 +29,10 @@ operator/kvpilot_operator/permissions.py: edit that file, then run the script. *
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["create", "patch", "delete"]
-# status and the autoscaler read the model pods
+# status and the autoscaler watch model pods (children.py)
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # kopf.event: condition changes and scale decisions
 - apiGroups: [""]
   resources: ["events"]
