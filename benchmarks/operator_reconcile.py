@@ -9,6 +9,8 @@ JSON document.
    status for its generation.
 3. Idle: with the N ModelDeployments in place and nothing changing, the operator's API requests
    per minute, by verb and resource, from the API server's audit log (the status timer's cost).
+4. Ready to status: a pod of a fresh ModelDeployment reported ready (by the test's node, as a
+   kubelet would); time until the ModelDeployment's Ready condition is True (p50, p95).
 
 Needs the control plane's binaries: scripts/controlplane.sh.
 """
@@ -37,6 +39,7 @@ from tests.kube.cluster import (  # noqa: E402
 )
 from tests.kube.controlplane import ControlPlane  # noqa: E402
 from tests.kube.install import install  # noqa: E402
+from tests.kube.node import Node  # noqa: E402
 
 
 def _body(name: str) -> dict:
@@ -50,6 +53,7 @@ def main() -> None:
     parser.add_argument("--single", type=int, default=30, help="one-at-a-time applies")
     parser.add_argument("--bulk", type=int, default=200, help="ModelDeployments in the bulk run")
     parser.add_argument("--idle", type=float, default=60, help="seconds of the idle measurement")
+    parser.add_argument("--ready", type=int, default=20, help="pod-ready -> status runs")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvpilot-bench-"))
     plane = ControlPlane(workdir / "plane")
@@ -92,20 +96,16 @@ def main() -> None:
         wait_for("every bulk ModelDeployment", all_reconciled, timeout=600, interval=0.5)
         bulk_s = time.perf_counter() - start
         idle = _idle_requests(plane, installed.operator_user, args.idle)
+        ready = _ready_to_status(plane, installed.operator_kubeconfig, args.ready)
     finally:
         if cluster is not None:
             cluster.close()
         plane.stop()
-    quantiles = statistics.quantiles(single, n=20)
     print(
         json.dumps(
             {
                 "api_server": f"kube-apiserver {version} + etcd on 127.0.0.1 (tests/kube)",
-                "apply_to_children_ms": {
-                    "runs": len(single),
-                    "p50": round(statistics.median(single), 1),
-                    "p95": round(quantiles[18], 1),
-                },
+                "apply_to_children_ms": _percentiles(single),
                 "bulk": {
                     "model_deployments": args.bulk,
                     "create_requests_s": round(created, 2),
@@ -113,10 +113,48 @@ def main() -> None:
                     "per_second": round(args.bulk / bulk_s, 1),
                 },
                 "idle": idle,
+                "pod_ready_to_status_ms": ready,
             },
             indent=2,
         )
     )
+
+
+def _ready_to_status(plane: ControlPlane, kubeconfig: Path, runs: int) -> dict:
+    """In a namespace of its own (so the node binds only these pods), with the operator of
+    the first namespace watching every namespace."""
+    create_namespace(plane, "bench-ready")
+    cluster = Cluster(plane, "bench-ready", kubeconfig)
+    node, latencies = Node(cluster), []
+    for i in range(runs):
+        name = f"ready-{i}"
+        cluster.create(MD, _body(name))
+        wait_for("its pod", lambda n=name: _pods_of(cluster, n), timeout=60)
+        start = time.perf_counter()
+        node.sync()
+        wait_for("Ready", lambda n=name: _is_ready(cluster, n), timeout=60, interval=0.005)
+        latencies.append((time.perf_counter() - start) * 1000)
+    cluster.close()
+    return _percentiles(latencies)
+
+
+def _pods_of(cluster: Cluster, name: str) -> list[dict]:
+    pods = cluster.list("/api/v1/namespaces/{ns}/pods")
+    return [p for p in pods if p["metadata"]["name"].startswith(f"{name}-")]
+
+
+def _is_ready(cluster: Cluster, name: str) -> bool:
+    conditions = (cluster.get(MD, name) or {}).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _percentiles(values: list[float]) -> dict:
+    quantiles = statistics.quantiles(values, n=20)
+    return {
+        "runs": len(values),
+        "p50": round(statistics.median(values), 1),
+        "p95": round(quantiles[18], 1),
+    }
 
 
 def _idle_requests(plane: ControlPlane, user: str, seconds: float) -> dict:
