@@ -35,20 +35,13 @@ class Cluster:
     def __init__(self, client: Client | None = None) -> None:
         self.client = client or Client(field_manager=FIELD_MANAGER)
 
-    def apply(self, obj: dict) -> str:
-        """Bring one child to its rendered state: merge-patch it, or create it if it is missing.
-        Lists (containers, env, volumes) are replaced whole, so removed entries go away."""
-        kind, meta = KINDS[obj["kind"]], obj["metadata"]
-        try:
-            self.client.patch(
-                kind, meta["name"], obj, namespace=meta["namespace"], patch_type=PatchType.MERGE
-            )
-            return "patched"
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
-        self.client.create(codecs.from_dict(obj))
-        return "created"
+    def apply(self, obj: dict) -> None:
+        """Server-side apply, as the operator's one field manager, forced: the child becomes
+        what render() made. A field render() stops emitting (an init container, a toleration,
+        a nodeSelector entry) is removed, since this manager owned it; a field another manager
+        owns (an annotation from `kubectl annotate`) stays; an object already so is not
+        written at all. Creating a missing object this way needs `create` as well as `patch`."""
+        self.client.apply(codecs.from_dict(obj), field_manager=FIELD_MANAGER, force=True)
 
     def delete(self, kind: str, name: str, namespace: str) -> bool:
         try:

@@ -2,7 +2,8 @@
 chart's RBAC is generated from it (charts/kvpilot/generate.py) and tests/chart checks the
 rendered RBAC against it.
 
-Derived from the calls the code makes: cluster.py (lightkube: children and pods),
+Derived from the calls the code makes: cluster.py (lightkube: children by server-side apply,
+which the API server checks as `patch`, and as `create` too when the object is missing),
 autoscaler.py (lightkube: the scale and status subresources), handlers.py (kopf.event,
 kopf.adopt, the status patch) and kopf itself (watching ModelDeployments, its annotations,
 observing CRDs and namespaces). Not listed: discovery (/api, /apis) and /version, which kopf
@@ -56,10 +57,12 @@ NAMESPACED = (
         "apps",
         "deployments",
         ("list", "watch", "create", "patch"),
-        "Cluster.apply merge-patches or creates the model Deployment; the status daemon and "
-        "the autoscaler see them through kopf's watch (children.py)",
+        "Cluster.apply server-side-applies the model Deployment (patch; create too when it is "
+        "missing); the status daemon and the autoscaler see them through kopf's watch",
     ),
-    Permission("", "services", ("create", "patch"), "Cluster.apply: the model Service"),
+    Permission(
+        "", "services", ("create", "patch"), "Cluster.apply: the model Service (as Deployments)"
+    ),
     Permission(
         "policy",
         "poddisruptionbudgets",

@@ -17,11 +17,11 @@ operator/kvpilot_operator/permissions.py: edit that file, then run the script. *
 - apiGroups: ["kvpilot.dev"]
   resources: ["modeldeployments/finalizers"]
   verbs: ["update"]
-# Cluster.apply merge-patches or creates the model Deployment; the status daemon and the autoscaler see them through kopf's watch (children.py)
+# Cluster.apply server-side-applies the model Deployment (patch; create too when it is missing); the status daemon and the autoscaler see them through kopf's watch
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch"]
-# Cluster.apply: the model Service
+# Cluster.apply: the model Service (as Deployments)
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["create", "patch"]
