@@ -1,0 +1,191 @@
+"""The chart on a real control plane of its own: installed with the real `helm`, and the
+operator run exactly as the installed Deployment says (its command, args and env, read back
+from the API server) under a token of the chart's ServiceAccount, so only the chart's RBAC
+applies to it. The audit log then tells which calls it made and what the API server answered.
+
+Its own control plane, not the session's `kube`: these tests upgrade, re-scope and uninstall
+the release, which changes the CRD and the RBAC for everyone on that plane."""
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from tests.kube.cluster import wait_for
+from tests.kube.controlplane import ControlPlane, free_port
+from tests.kube.install import NAMESPACE, RELEASE, Installed, install
+
+# The Deployment's `command: [kvpilot]`: the console script of the venv the tests run in.
+KVPILOT = Path(sys.executable).parent / "kvpilot"
+OPERATOR = f"{RELEASE}-operator"  # the Deployment's and the ServiceAccount's name
+# Only these two may differ from the chart's args: its ports (8080, 9090) are on every
+# address, and another test or operator may hold them.
+OVERRIDABLE = ("--liveness", "--metrics-port")
+
+
+@contextmanager
+def fresh_release(workdir: Path, *values: str) -> Iterator[Installed]:
+    """A new control plane with the chart installed (`values`: helm flags, none: the chart's
+    defaults). The controller manager starts after the install so that its garbage collector
+    knows the CRD from the start (it rediscovers resources only every 30 s)."""
+    plane = ControlPlane(workdir)
+    try:
+        plane.start(controller_manager=False)
+        installed = install(plane, *values)
+        plane.start_controller_manager()
+        yield installed
+    finally:
+        plane.stop()
+
+
+def operator_container(plane: ControlPlane) -> dict:
+    path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{OPERATOR}"
+    deployment = plane.get(path)
+    assert deployment is not None, f"no Deployment {NAMESPACE}/{OPERATOR}"
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def operator_command(container: dict, liveness: str, metrics_port: int) -> list[str]:
+    """The container's command line with only the ports replaced; fails on anything this
+    cannot run as the pod would (another command, an arg it does not pass)."""
+    assert container["command"] == ["kvpilot"], container["command"]
+    replaced = {"--liveness": liveness, "--metrics-port": str(metrics_port)}
+    args = []
+    for arg in container["args"]:
+        flag = arg.split("=", 1)[0]
+        if flag in replaced:
+            arg = f"{flag}={replaced.pop(flag)}"
+        args.append(arg)
+    assert not replaced, f"the chart no longer passes {sorted(replaced)}"
+    return [str(KVPILOT), *args]
+
+
+def operator_env(container: dict) -> dict[str, str]:
+    env = {}
+    for var in container.get("env", []):
+        assert "value" in var, f"{var['name']}: valueFrom cannot be played here"
+        env[var["name"]] = var["value"]
+    return env
+
+
+class ChartOperator:
+    """`kvpilot operator` as the installed Deployment runs it. `env` adds variables on top of
+    the chart's; the process gets no other environment than PATH, PYTHONPATH (the code under
+    test) and the kubeconfig, as a container gets none of the test's."""
+
+    def __init__(self, installed: Installed, log: Path, env: dict[str, str] | None = None):
+        self.installed, self.log_path, self.extra_env = installed, log, env or {}
+        self.process: subprocess.Popen | None = None
+        self.liveness = ""
+        self.argv: list[str] = []
+        self.started = self.stopped = datetime.now(UTC)
+
+    def start(self) -> None:
+        container = operator_container(self.installed.plane)
+        self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
+        self.argv = operator_command(container, self.liveness, free_port())
+        env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}
+        env |= operator_env(container) | self.extra_env
+        env["KUBECONFIG"] = str(self.installed.operator_kubeconfig)
+        self.started = datetime.now(UTC)
+        with self.log_path.open("ab") as out:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(
+                self.argv, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        wait_for("the operator's liveness endpoint", self._alive, timeout=60, interval=0.2)
+
+    def _alive(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the operator exited with {self.process.returncode}")
+        try:
+            return httpx.get(self.liveness, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+        self.stopped = datetime.now(UTC)
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+
+    def events(self) -> list[dict]:
+        """The audit events of the requests this run of the operator made (received between
+        its start and its stop, or now while it runs)."""
+        until = self.stopped if self.process is None else datetime.now(UTC)
+        return [
+            event
+            for event in self.installed.plane.audit(self.installed.operator_user)
+            if self.started <= _received(event) <= until
+        ]
+
+
+def _received(event: dict) -> datetime:
+    return datetime.fromisoformat(event["requestReceivedTimestamp"])
+
+
+def forbidden(events: list[dict]) -> list[str]:
+    """'VERB URI' of every request the API server refused with 403."""
+    return [
+        f"{e['verb']} {e['requestURI']}"
+        for e in events
+        if e.get("responseStatus", {}).get("code") == 403
+    ]
+
+
+@dataclass(frozen=True)
+class Call:
+    """A request as the API server's authorizer sees it; namespace None: cluster-wide."""
+
+    api_group: str
+    resource: str  # plural, or plural/subresource
+    verb: str
+    namespace: str | None
+
+
+def calls(event: dict) -> list[Call]:
+    """The authorization attributes of a resource request; none for a non-resource one
+    (discovery, /version: readable by every authenticated client, no rule needed). A patch
+    that created its object (201: server-side apply of a missing object) was authorized as
+    `create` too, a check the audit log shows only through that status."""
+    ref = event.get("objectRef")
+    if ref is None:
+        return []
+    resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+    made = Call(ref.get("apiGroup", ""), resource, event["verb"], ref.get("namespace"))
+    if made.verb == "patch" and event.get("responseStatus", {}).get("code") == 201:
+        return [made, Call(made.api_group, made.resource, "create", made.namespace)]
+    return [made]
+
+
+def non_resource(events: list[dict]) -> set[str]:
+    """The paths of the non-resource requests: there must be only discovery and /version."""
+    return {e["requestURI"].split("?")[0] for e in events if "objectRef" not in e}
+
+
+def is_public(path: str) -> bool:
+    """Discovery (/api, /api/v1, /apis, /apis/GROUP[/VERSION]) and /version, which the
+    system:discovery and system:public-info-viewer ClusterRoles grant everyone."""
+    parts = path.strip("/").split("/")
+    return (
+        parts == ["version"]
+        or (parts[0] == "api" and len(parts) <= 2)
+        or (parts[0] == "apis" and len(parts) <= 3)
+    )
