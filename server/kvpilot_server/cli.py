@@ -7,7 +7,8 @@ from kvpilot_server.engine_args import add_engine_args
 from kvpilot_server.extras import missing_extra
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and flag; the operator's rendered pod args are checked against it."""
     parser = argparse.ArgumentParser(prog="kvpilot", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -113,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     from kvpilot_operator.main import add_operator_args
 
     add_operator_args(operator)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     missing = missing_extra(args.command)
     if missing:  # one line naming the extra to install, not an ImportError's traceback
