@@ -7,8 +7,8 @@ JSON document.
    Service exist (p50, p95).
 2. Bulk: N ModelDeployments created back to back; time until every one has its Deployment and a
    status for its generation.
-3. Idle: with the N ModelDeployments in place and nothing changing, the operator's API requests
-   per minute, by verb and resource, from the API server's audit log (the status timer's cost).
+3. Idle: with the N ModelDeployments and their (Pending) pods in place and nothing changing, the
+   operator's API requests per minute, by verb and resource, from the API server's audit log.
 4. Ready to status: a pod of a fresh ModelDeployment reported ready (by the test's node, as a
    kubelet would); time until the ModelDeployment's Ready condition is True (p50, p95).
 
@@ -95,6 +95,9 @@ def main() -> None:
 
         wait_for("every bulk ModelDeployment", all_reconciled, timeout=600, interval=0.5)
         bulk_s = time.perf_counter() - start
+        # The controller manager is still making a pod per Deployment (at its client's rate
+        # limit): idle starts once each has its pod.
+        wait_for("every pod", lambda: _all_pods_made(cluster), timeout=900, interval=1)
         idle = _idle_requests(plane, installed.operator_user, args.idle)
         ready = _ready_to_status(plane, installed.operator_kubeconfig, args.ready)
     finally:
@@ -136,6 +139,11 @@ def _ready_to_status(plane: ControlPlane, kubeconfig: Path, runs: int) -> dict:
         latencies.append((time.perf_counter() - start) * 1000)
     cluster.close()
     return _percentiles(latencies)
+
+
+def _all_pods_made(cluster: Cluster) -> bool:
+    deployments = cluster.list(DEPLOYMENTS)
+    return all(d.get("status", {}).get("replicas") == d["spec"]["replicas"] for d in deployments)
 
 
 def _pods_of(cluster: Cluster, name: str) -> list[dict]:
