@@ -112,7 +112,7 @@ def test_the_operator_serves_a_sample_under_the_charts_rbac(release, models, tmp
         assert f"--namespace={NAMESPACE}" in operator.argv
         node.start()
         md = models.create(MD, _sample("sample"))
-        # The chart's status interval (10 s) applies: Ready comes with the first refresh.
+        # With the chart's env only (no faster status settings): Ready as a user would see it.
         wait_for("Ready=True", lambda: _ready(models, "sample"), timeout=40, interval=0.5)
         # kopf.adopt asks the garbage collector to block the owner's deletion: the
         # OwnerReferencesPermissionEnforcement admission plugin let that through only because
