@@ -11,7 +11,6 @@ from typing import Any
 import yaml
 
 GROUP, VERSION, PLURAL, KIND = "kvpilot.dev", "v1alpha1", "modeldeployments", "ModelDeployment"
-API_VERSION = f"{GROUP}/{VERSION}"
 
 
 @cache
