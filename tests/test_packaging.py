@@ -187,7 +187,7 @@ def test_the_hider_hides(tmp_path):
 
 def test_base_install_runs_the_cli_plan_and_the_shared_modules(tmp_path):
     env = _hiding_env(tmp_path, allow_only=_importable(None))
-    shared = "memory_model, metric_names, termination, plan, cli, extras, engine_args"
+    shared = "memory_model, metric_names, termination, precision, plan, cli, extras, engine_args"
     imports = "; ".join(f"import kvpilot_server.{m}" for m in shared.split(", "))
     result = _python(env, "-c", imports)
     assert result.returncode == 0, result.stderr

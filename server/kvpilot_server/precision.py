@@ -1,0 +1,203 @@
+"""The precision rules, as data: which model dtypes, weight quantizations, int4 group sizes and KV
+cache dtypes exist, how the command line and the CRD spell them, what each costs in bytes, what
+GPU fp8 needs, and the quirks of the Llama-family architectures the engine implements.
+
+The one source of these rules: the engine (config, quant, kv_cache, model_config), the memory
+model, `kvpilot plan`, `kvpilot eval` and the operator (fit, engine_flags) import them, and
+tests/test_precision.py holds the CRD's enums and defaults equal to them. Standard library only:
+the operator imports this module and carries no torch.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol, TypeVar
+
+# -- spellings --------------------------------------------------------------------------------
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...  # the engine's, CLI's and Python API's spelling (vLLM's)
+
+    @property
+    def crd(self) -> str: ...  # spec.engine's spelling: Kubernetes enums are CamelCase
+
+
+T = TypeVar("T", bound=_Named)
+
+
+def _table(*rows: T) -> Mapping[str, T]:
+    """Rows by name, read-only, in the order given (the CRD lists its enums in this order)."""
+    return MappingProxyType({row.name: row for row in rows})
+
+
+def by_crd(table: Mapping[str, T]) -> Mapping[str, T]:
+    """The same rows by their CRD spelling: the operator reads spec.engine with it."""
+    return MappingProxyType({row.crd: row for row in table.values()})
+
+
+# -- model dtype (weights and activations) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # also the torch attribute: getattr(torch, name)
+    crd: str
+    bytes: int | None  # per element; None: auto, resolved once the device is known
+
+
+DTYPES = _table(
+    DType("auto", "Auto", None),
+    DType("float32", "Float32", 4),
+    DType("bfloat16", "BFloat16", 2),
+    DType("float16", "Float16", 2),
+)
+DEFAULT_DTYPE = "auto"
+# What auto resolves to: bfloat16 matmul on CPUs is ~400x slower than float32 (measured), and
+# GPUs run 16-bit at full speed with half the memory.
+AUTO_DTYPE_CPU = "float32"
+AUTO_DTYPE_GPU = "bfloat16"
+# Dtypes with a size: `kvpilot plan` needs one, it knows no device to resolve auto on.
+SIZED_DTYPES = tuple(name for name, dtype in DTYPES.items() if dtype.bytes)
+
+
+def resolve_dtype(name: str, gpu: bool) -> str:
+    """The dtype a model runs in: `name`, or for auto the device's."""
+    if name != "auto":
+        return name
+    return AUTO_DTYPE_GPU if gpu else AUTO_DTYPE_CPU
+
+
+# -- fp8 --------------------------------------------------------------------------------------
+
+# Ada (8.9) and Hopper (9.0) are the first GPUs with fp8 tensor cores (torch._scaled_mm) and a
+# native float8 conversion; older GPUs and CPUs refuse fp8 weights and fp8 KV caches at start.
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+FP8_MIN_COMPUTE_CAPABILITY_TEXT = "{}.{}".format(*FP8_MIN_COMPUTE_CAPABILITY)
+
+
+def fp8_capable(capability: tuple[int, int] | None) -> bool:
+    """Whether a device of this compute capability (None: a CPU) runs fp8."""
+    return capability is not None and tuple(capability) >= FP8_MIN_COMPUTE_CAPABILITY
+
+
+# -- weight quantization ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quantization:
+    name: str
+    crd: str
+    bytes_per_weight: float | None  # None: unquantized, the model dtype's size
+    bytes_per_group: int = 0  # int4's float32 scale and float32 minimum per group of weights
+    fp8: bool = False  # needs a GPU of FP8_MIN_COMPUTE_CAPABILITY
+
+    @property
+    def grouped(self) -> bool:
+        """Whether weights share scales in groups of a chosen size (INT4_GROUP_SIZES)."""
+        return self.bytes_per_group > 0
+
+
+QUANTIZATIONS = _table(
+    Quantization("none", "None", None),
+    Quantization("int8", "Int8", 1.0),  # symmetric, a float32 scale per output channel
+    Quantization("int4", "Int4", 0.5, bytes_per_group=2 * 4),  # two weights a byte
+    Quantization("fp8", "FP8", 1.0, fp8=True),  # e4m3, a float32 scale per output channel
+)
+DEFAULT_QUANTIZATION = "none"
+# int4 only: weights sharing one scale and minimum. 32 by default: llama.cpp's Q4 block size, so
+# a model converted from such a GGUF (the bundled one is Q4_1) is reproduced exactly; 64 and 128
+# are smaller and lose more. Each must divide the layers' input sizes (checked at load).
+INT4_GROUP_SIZES = (32, 64, 128)
+INT4_DEFAULT_GROUP_SIZE = 32
+
+
+def bytes_per_weight(quantization: str, dtype_bytes: int, group_size: int) -> float:
+    """Bytes one weight of a quantized linear layer takes, its share of group scales included."""
+    q = QUANTIZATIONS[quantization]
+    per_weight = q.bytes_per_weight or dtype_bytes
+    return per_weight + q.bytes_per_group / group_size if q.grouped else per_weight
+
+
+# -- KV cache ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KVCacheDtype:
+    name: str
+    crd: str
+    bytes_per_element: int | None  # None: auto, the model dtype's size
+    storage: str | None  # the torch dtype the cache is stored in; None: the model dtype
+    fp8: bool = False
+
+
+KV_CACHE_DTYPES = _table(
+    KVCacheDtype("auto", "Auto", None, None),
+    KVCacheDtype("int8", "Int8", 1, "int8"),
+    KVCacheDtype("fp8", "FP8", 1, "float8_e4m3fn", fp8=True),
+)
+DEFAULT_KV_CACHE_DTYPE = "auto"
+# A quantized KV cache keeps a float32 scale per token per kv head, for K and for V: quantized
+# once as it is written, no calibration, and one outlier token costs no other token precision.
+KV_SCALE_BYTES = 4
+
+
+def kv_bytes_per_head(head_dim: int, kv_cache_dtype: str, dtype_bytes: int) -> int:
+    """Bytes one token's K (or V) takes in one kv head, its scale included."""
+    element = KV_CACHE_DTYPES[kv_cache_dtype].bytes_per_element
+    if element is None:
+        return head_dim * dtype_bytes
+    return head_dim * element + KV_SCALE_BYTES
+
+
+# -- architectures ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Architecture:
+    # Qwen2's attention always has q, k and v biases and never an o bias (transformers' Qwen2
+    # ignores attention_bias); the others put a bias on all four exactly when attention_bias.
+    fixed_qkv_bias: bool = False
+    # Qwen3 normalizes each head's q and k (an RMSNorm of head_dim weights each) before rope.
+    qk_norm: bool = False
+
+
+# Keyed by the class name in config.json's "architectures", not by its "model_type": the class
+# is what the checkpoint's weights were saved from, so it fixes the layout, and it is the name
+# the engine refuses an unsupported checkpoint by. All share Llama's block layout.
+ARCHITECTURES = MappingProxyType(
+    {
+        "LlamaForCausalLM": Architecture(),
+        "MistralForCausalLM": Architecture(),
+        "Qwen2ForCausalLM": Architecture(fixed_qkv_bias=True),
+        "Qwen3ForCausalLM": Architecture(qk_norm=True),
+    }
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which optional tensors a decoder layer has."""
+
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+
+
+def architecture_name(config: Mapping) -> str:
+    """The architecture a config.json (a plain dict) names, or "<none>"."""
+    return (config.get("architectures") or ["<none>"])[0]
+
+
+def layout(architecture: str, attention_bias: bool, mlp_bias: bool) -> Layout:
+    """A decoder layer's optional tensors, from the architecture and the config's two flags.
+    An architecture the engine does not implement (the memory model may still be asked about
+    one) is taken to be plain Llama."""
+    quirks = ARCHITECTURES.get(architecture, Architecture())
+    if quirks.fixed_qkv_bias:
+        qkv, o = True, False
+    else:
+        qkv = o = bool(attention_bias)
+    return Layout(qkv_bias=qkv, o_bias=o, mlp_bias=bool(mlp_bias), qk_norm=quirks.qk_norm)
