@@ -7,18 +7,18 @@ weights   = params in the linear layers x bytes per weight (quantization; int4 a
 kv/token  = 2 (K and V) x layers x kv_heads x (head_dim x bytes per KV element
             + a float32 scale when the KV cache is quantized: one per token per kv head)
 kv budget = (device memory - weights - runtime headroom) x kv fraction
+
+The bytes per weight and per KV element, and the architectures' layouts, are
+kvpilot_server.precision's: the engine allocates by the same rules.
 """
 
 from dataclasses import dataclass
 
+from kvpilot_server import precision
+
 MiB = 1 << 20
 GiB = 1 << 30
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-WEIGHT_BYTES = {"none": None, "int8": 1.0, "int4": 0.5, "fp8": 1.0}  # None: the model dtype
-KV_BYTES = {"auto": None, "int8": 1, "fp8": 1}
-INT4_GROUP_SIZE = 32  # the engine's default
-KV_SCALE_BYTES = 4  # quantized KV: a float32 scale per token per kv head, for K and for V
 # Activations, CUDA context, allocator slack: kept free besides weights and KV cache.
 RUNTIME_HEADROOM_BYTES = 2 * GiB
 
@@ -33,7 +33,8 @@ GPU_MEMORY_MIB = {
     "H100-80GB": 81559,
     "H200": 143771,
 }
-# Compute capability of the same GPUs: fp8 (weights or KV cache) needs 8.9 or newer.
+# Compute capability of the same GPUs: fp8 (weights or KV cache) needs
+# precision.FP8_MIN_COMPUTE_CAPABILITY or newer.
 GPU_COMPUTE_CAPABILITY = {
     "T4": (7, 5),
     "A10G": (8, 6),
@@ -44,7 +45,6 @@ GPU_COMPUTE_CAPABILITY = {
     "H100-80GB": (9, 0),
     "H200": (9, 0),
 }
-FP8_COMPUTE_CAPABILITY = (8, 9)
 
 
 @dataclass(frozen=True)
@@ -71,11 +71,19 @@ def shape_from_config(config: dict) -> ModelShape:
     head_dim = config.get("head_dim") or hidden // heads
     vocab, inter = config["vocab_size"], config["intermediate_size"]
     tied = bool(config.get("tie_word_embeddings", False))
+    layout = precision.layout(
+        precision.architecture_name(config),
+        config.get("attention_bias", False),
+        config.get("mlp_bias", False),
+    )
     attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o, k, v
-    if config.get("attention_bias") or config.get("model_type") == "qwen2":
-        attention += heads * head_dim + 2 * kv_heads * head_dim  # q, k, v biases
-    norms = 2 * hidden + (2 * head_dim if config.get("model_type") == "qwen3" else 0)
-    per_layer = attention + 3 * hidden * inter + norms
+    if layout.qkv_bias:
+        attention += heads * head_dim + 2 * kv_heads * head_dim
+    if layout.o_bias:
+        attention += hidden
+    mlp = 3 * hidden * inter + (2 * inter + hidden if layout.mlp_bias else 0)  # gate, up, down
+    norms = 2 * hidden + (2 * head_dim if layout.qk_norm else 0)
+    per_layer = attention + mlp + norms
     params = layers * per_layer + hidden + vocab * hidden * (1 if tied else 2)
     return ModelShape(
         params=params,
@@ -130,32 +138,41 @@ class Plan:
 
 
 def weight_bytes(
-    shape: ModelShape, dtype: str, quantization: str = "none", group_size: int = INT4_GROUP_SIZE
+    shape: ModelShape,
+    dtype: str,
+    quantization: str = precision.DEFAULT_QUANTIZATION,
+    group_size: int = precision.INT4_DEFAULT_GROUP_SIZE,
 ) -> int:
-    full = DTYPE_BYTES[dtype]
-    per_weight = WEIGHT_BYTES[quantization] or full
-    if quantization == "int4":
-        per_weight += 2 * 4 / group_size
+    full = _dtype_bytes(dtype)
+    per_weight = precision.bytes_per_weight(quantization, full, group_size)
     linear = shape.params - shape.embedding_params
     return int(linear * per_weight + shape.embedding_params * full)
 
 
-def kv_bytes_per_token(shape: ModelShape, dtype: str, kv_cache_dtype: str = "auto") -> int:
-    element = KV_BYTES[kv_cache_dtype]
-    per_head = shape.head_dim * (element or DTYPE_BYTES[dtype]) + (KV_SCALE_BYTES if element else 0)
+def kv_bytes_per_token(
+    shape: ModelShape, dtype: str, kv_cache_dtype: str = precision.DEFAULT_KV_CACHE_DTYPE
+) -> int:
+    per_head = precision.kv_bytes_per_head(shape.head_dim, kv_cache_dtype, _dtype_bytes(dtype))
     return 2 * shape.layers * shape.kv_heads * per_head
+
+
+def _dtype_bytes(dtype: str) -> int:
+    size = precision.DTYPES[dtype].bytes
+    if size is None:  # auto: the caller resolves it (precision.resolve_dtype), knowing the device
+        raise KeyError(f"dtype {dtype!r} has no size before it is resolved for a device")
+    return size
 
 
 def plan(
     shape: ModelShape,
     memory_bytes: int,
     max_model_len: int,
-    dtype: str = "bfloat16",
-    quantization: str = "none",
-    kv_cache_dtype: str = "auto",
+    dtype: str = precision.AUTO_DTYPE_GPU,
+    quantization: str = precision.DEFAULT_QUANTIZATION,
+    kv_cache_dtype: str = precision.DEFAULT_KV_CACHE_DTYPE,
     kv_fraction: float = 0.9,
     headroom_bytes: int = RUNTIME_HEADROOM_BYTES,
-    group_size: int = INT4_GROUP_SIZE,
+    group_size: int = precision.INT4_DEFAULT_GROUP_SIZE,
 ) -> Plan:
     weights = weight_bytes(shape, dtype, quantization, group_size)
     free = memory_bytes - weights - headroom_bytes

@@ -27,6 +27,28 @@ def test_shapes_from_config_count_every_parameter(tiny_model):
     assert shape_from_config(config).params == sum(unique.values())
 
 
+@pytest.mark.parametrize(
+    ("config_class", "flags"),
+    [
+        ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
+        ("Qwen3Config", {"attention_bias": True}),
+        ("Qwen2Config", {}),
+    ],
+)
+def test_shapes_count_the_biases_an_architecture_has(config_class, flags):
+    """attention_bias puts a bias on o as well as on q, k and v (except in Qwen2, whose biases
+    are fixed), mlp_bias one on gate, up and down: the engine builds them (precision.layout),
+    and the memory model once counted only q, k and v, keyed by model_type."""
+    import transformers
+
+    small = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, vocab_size=128)
+    small |= dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    config = getattr(transformers, config_class)(**small, **flags)
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    as_saved = config.to_dict() | {"architectures": [type(hf).__name__]}
+    assert shape_from_config(as_saved).params == sum(p.numel() for p in hf.parameters())
+
+
 def test_known_smollm2_shape_matches_its_config(smollm2):
     config = json.loads((smollm2 / "config.json").read_text())
     assert shape_from_config(config) == KNOWN_MODELS["builtin://smollm2-135m-instruct"]
