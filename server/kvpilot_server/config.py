@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from kvpilot_server import precision
 from kvpilot_server.errors import ConfigError
 
 GiB = 1 << 30
@@ -10,7 +11,7 @@ GiB = 1 << 30
 @dataclass
 class EngineConfig:
     model: str = "builtin://smollm2-135m-instruct"
-    dtype: str = "auto"  # auto: float32 on CPU (bf16 matmul is ~400x slower there), bf16 on CUDA
+    dtype: str = precision.DEFAULT_DTYPE  # auto: precision.resolve_dtype picks per device
     device: str = "auto"
     block_size: int = 16
     # KV cache size: bytes on CPU; fraction of free device memory on CUDA.
@@ -20,11 +21,10 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
-    quantization: str = "none"
-    # int4 only: weights per scale and minimum. 32 by default: llama.cpp's Q4 block size, so
-    # a model converted from such a GGUF (the bundled one is Q4_1) is reproduced exactly.
-    quantization_group_size: int = 32
-    kv_cache_dtype: str = "auto"
+    quantization: str = precision.DEFAULT_QUANTIZATION
+    # int4 only: weights per scale and minimum (why 32 by default: precision.py).
+    quantization_group_size: int = precision.INT4_DEFAULT_GROUP_SIZE
+    kv_cache_dtype: str = precision.DEFAULT_KV_CACHE_DTYPE
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -38,22 +38,21 @@ class EngineConfig:
             (self.max_num_seqs >= 1, "max_num_seqs must be at least 1"),
             (self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len must be >= 2"),
+            (self.dtype in precision.DTYPES, f"unknown dtype {self.dtype!r}"),
             (
-                self.dtype in ("auto", "float32", "bfloat16", "float16"),
-                f"unknown dtype {self.dtype!r}",
+                self.quantization in precision.QUANTIZATIONS,
+                f"quantization {self.quantization!r} is not supported "
+                f"({', '.join(precision.QUANTIZATIONS)})",
             ),
             (
-                self.quantization in ("none", "int8", "int4", "fp8"),
-                f"quantization {self.quantization!r} is not supported (none, int8, int4, fp8)",
-            ),
-            (
-                self.quantization_group_size in (32, 64, 128),
-                "quantization_group_size must be 32, 64 or 128",
+                self.quantization_group_size in precision.INT4_GROUP_SIZES,
+                f"quantization_group_size must be {_one_of(precision.INT4_GROUP_SIZES)}",
             ),
             # fp8 also needs a capable GPU: checked once the device is known (engine/kv_cache.py).
             (
-                self.kv_cache_dtype in ("auto", "int8", "fp8"),
-                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported (auto, int8, fp8)",
+                self.kv_cache_dtype in precision.KV_CACHE_DTYPES,
+                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported "
+                f"({', '.join(precision.KV_CACHE_DTYPES)})",
             ),
         ]
         for ok, message in rules:
@@ -73,3 +72,9 @@ class EngineConfig:
                 f"{self.block_size}), fewer than one sequence of max_model_len "
                 f"{self.max_model_len}: raise the KV cache size or lower max_model_len"
             )
+
+
+def _one_of(values: tuple[int, ...]) -> str:
+    """(32, 64, 128) -> '32, 64 or 128'."""
+    *head, last = map(str, values)
+    return f"{', '.join(head)} or {last}" if head else last

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvpilot_server import precision
 from kvpilot_server.errors import ConfigError
 
 if TYPE_CHECKING:  # llama.py imports attention.py, which imports this module
     from kvpilot_server.engine.llama import LlamaForCausalLM
 
-_STORAGE = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 _MIN_SCALE = 1e-8  # an all-zero head still gets a finite scale
-_FP8_CAPABILITY = (8, 9)  # Ada and Hopper convert float8 natively
 
 
 @dataclass
@@ -90,15 +89,16 @@ def _qmax(dtype: torch.dtype) -> float:
 
 def _storage(kv_cache_dtype: str, device: torch.device) -> torch.dtype | None:
     """The quantized element type, or None for the model dtype; fp8 only where GPUs support it."""
-    if kv_cache_dtype == "fp8":
+    rule = precision.KV_CACHE_DTYPES[kv_cache_dtype]
+    if rule.fp8:
         capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        if capability is None or capability < _FP8_CAPABILITY:
+        if not precision.fp8_capable(capability):
             found = "a CPU" if capability is None else "a GPU of {}.{}".format(*capability)
             raise ConfigError(
-                "kv_cache_dtype fp8 needs a CUDA GPU with compute capability >= 8.9 "
-                f"(found {found}); use int8 or auto"
+                f"kv_cache_dtype {kv_cache_dtype} needs a CUDA GPU with compute capability >= "
+                f"{precision.FP8_MIN_COMPUTE_CAPABILITY_TEXT} (found {found}); use int8 or auto"
             )
-    return _STORAGE.get(kv_cache_dtype)
+    return None if rule.storage is None else getattr(torch, rule.storage)
 
 
 def allocate(
@@ -123,9 +123,6 @@ def bytes_per_block(
     model: "LlamaForCausalLM", block_size: int, kv_cache_dtype: str = "auto"
 ) -> int:
     cfg, param = model.cfg, model.embed_tokens.weight
-    storage = _storage(kv_cache_dtype, param.device)
-    if storage is None:
-        per_head = cfg.head_dim * param.element_size()
-    else:
-        per_head = cfg.head_dim * storage.itemsize + 4  # + the float32 scale
+    _storage(kv_cache_dtype, param.device)  # refuses fp8 where it cannot run
+    per_head = precision.kv_bytes_per_head(cfg.head_dim, kv_cache_dtype, param.element_size())
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * per_head

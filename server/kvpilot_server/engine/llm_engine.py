@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from kvpilot_server import precision
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine import kv_cache
 from kvpilot_server.engine.block_pool import BlockPool
@@ -215,10 +216,9 @@ def _device(name: str) -> torch.device:
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        # bf16 matmul on these CPUs is ~400x slower than fp32; GPUs want bf16.
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if device.type == "cpu" and name != "float32":
+    if name == "auto":  # why each device gets what it gets: precision.py
+        return getattr(torch, precision.resolve_dtype(name, gpu=device.type == "cuda"))
+    if device.type == "cpu" and name != precision.AUTO_DTYPE_CPU:
         log.warning("dtype %s on CPU is usually far slower than float32", name)
     return getattr(torch, name)
 

@@ -5,15 +5,9 @@ from dataclasses import dataclass
 import torch
 from transformers import PretrainedConfig
 
+from kvpilot_server import precision
 from kvpilot_server.errors import ModelLoadError, UnsupportedArchitectureError
 
-# Architecture -> (q/k/v bias default, q/k RMSNorm). All share Llama's block layout.
-ARCHITECTURES: dict[str, tuple[bool, bool]] = {
-    "LlamaForCausalLM": (False, False),
-    "MistralForCausalLM": (False, False),
-    "Qwen2ForCausalLM": (True, False),
-    "Qwen3ForCausalLM": (False, True),
-}
 # Rope types whose frequencies do not depend on the sequence length at run time.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
@@ -43,10 +37,11 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: PretrainedConfig) -> "ModelConfig":
         arch = (getattr(hf, "architectures", None) or ["<none>"])[0]
-        if arch not in ARCHITECTURES:
-            raise UnsupportedArchitectureError(arch, list(ARCHITECTURES))
-        qkv_bias_default, qk_norm = ARCHITECTURES[arch]
-        attention_bias = getattr(hf, "attention_bias", qkv_bias_default)
+        if arch not in precision.ARCHITECTURES:
+            raise UnsupportedArchitectureError(arch, list(precision.ARCHITECTURES))
+        layout = precision.layout(
+            arch, getattr(hf, "attention_bias", False), getattr(hf, "mlp_bias", False)
+        )
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         inv_freq, scaling = _rope(hf, head_dim)
         eos = hf.eos_token_id if isinstance(hf.eos_token_id, list) else [hf.eos_token_id]
@@ -61,10 +56,10 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=hf.rms_norm_eps,
             max_position_embeddings=hf.max_position_embeddings,
-            qkv_bias=qkv_bias_default or attention_bias,
-            o_bias=attention_bias and arch != "Qwen2ForCausalLM",
-            mlp_bias=getattr(hf, "mlp_bias", False),
-            qk_norm=qk_norm,
+            qkv_bias=layout.qkv_bias,
+            o_bias=layout.o_bias,
+            mlp_bias=layout.mlp_bias,
+            qk_norm=layout.qk_norm,
             tie_word_embeddings=getattr(hf, "tie_word_embeddings", False),
             layer_windows=_windows(hf),
             inv_freq=inv_freq,

@@ -10,8 +10,8 @@ Not torch's packed int4 CPU matmul: measured 8.7x slower than float32 at one row
 fbgemm's dynamic int8: it quantizes activations per tensor, and SmolLM2's activation outliers
 (absmax 6.1 vs median 0.017) wreck it (1.6% greedy agreement with float32, measured).
 
-fp8 (CUDA, compute capability >= 8.9): e4m3 weights with a scale per output channel, activations
-quantized per row at run time, one `torch._scaled_mm`.
+fp8 (CUDA, precision.FP8_MIN_COMPUTE_CAPABILITY or newer): e4m3 weights with a scale per output
+channel, activations quantized per row at run time, one `torch._scaled_mm`.
 """
 
 import logging
@@ -19,13 +19,14 @@ import logging
 import torch
 from torch import nn
 
+from kvpilot_server import precision
 from kvpilot_server.engine import cpu_kernels
 from kvpilot_server.engine.linear import linear
 from kvpilot_server.errors import ConfigError
 
 log = logging.getLogger(__name__)
-SUPPORTED = ("none", "int8", "int4", "fp8")
-GROUP_SIZES = (32, 64, 128)
+SUPPORTED = tuple(precision.QUANTIZATIONS)
+GROUP_SIZES = precision.INT4_GROUP_SIZES
 KERNEL_MAX_ROWS = 16  # measured on SmolLM2's matrices: the kernels win up to here
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -180,18 +181,24 @@ def check(method: str, group: int, device: torch.device, dtype: torch.dtype) -> 
             device,
             dtype,
         )
-    if method == "fp8":
-        capable = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-        if not capable:
+    if precision.QUANTIZATIONS[method].fp8:
+        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        if not precision.fp8_capable(capability):
+            floor = precision.FP8_MIN_COMPUTE_CAPABILITY_TEXT
             raise ConfigError(
-                f"fp8 weights need a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper); "
-                f"this device is {device}: use int8 or int4 on CPU, or none"
+                f"fp8 weights need a CUDA GPU of compute capability {floor} or newer "
+                f"(Ada, Hopper); this device is {device}: use int8 or int4 on CPU, or none"
             )
     if method == "int4" and group not in GROUP_SIZES:
         raise ConfigError(f"int4 group size must be one of {GROUP_SIZES}, not {group}")
 
 
-def quantize(model: nn.Module, method: str, device: torch.device, group: int = 32) -> None:
+def quantize(
+    model: nn.Module,
+    method: str,
+    device: torch.device,
+    group: int = precision.INT4_DEFAULT_GROUP_SIZE,
+) -> None:
     """Replace the decoder layers' linear modules in place."""
     check(method, group, device, model.embed_tokens.weight.dtype)
     if method == "none":
