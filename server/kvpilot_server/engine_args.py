@@ -3,8 +3,11 @@
 import argparse
 import dataclasses
 
+from kvpilot_server import precision
 from kvpilot_server.config import EngineConfig
 
+_FP8 = f"CUDA, compute capability {precision.FP8_MIN_COMPUTE_CAPABILITY_TEXT}+"
+_GROUPS = ", ".join(map(str, precision.INT4_GROUP_SIZES))
 _HELP = {
     "model": "builtin://NAME, hf://ORG/NAME or a local Hugging Face checkpoint directory",
     "dtype": "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16",
@@ -16,11 +19,10 @@ _HELP = {
     "max_num_seqs": "most sequences in one step",
     "max_num_batched_tokens": "most tokens in one step (longer prompts are prefilled in chunks)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
-    "quantization": "weight quantization: none, int8 or int4 (CPU, weight-only), "
-    "fp8 (CUDA, compute capability 8.9+)",
-    "quantization_group_size": "int4: weights per scale and minimum (32, 64 or 128)",
+    "quantization": f"weight quantization: none, int8 or int4 (CPU, weight-only), fp8 ({_FP8})",
+    "quantization_group_size": f"int4: weights per scale and minimum ({_GROUPS})",
     "kv_cache_dtype": "KV cache precision: auto (the model dtype), int8 (per-token-per-head "
-    "scales; ~4x the tokens of float32, ~2x of 16-bit) or fp8 (CUDA, compute capability 8.9+)",
+    f"scales; ~4x the tokens of float32, ~2x of 16-bit) or fp8 ({_FP8})",
     "seed": "seed for requests that bring none",
 }
 

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpilot_server import precision
+
 PROMPT_TOKENS = 64  # agreement and speed prompts
 SPEED_BATCH = 32
 QUALITY_CHUNK = 64  # tokens per prefill step in the quality passes
@@ -45,7 +47,8 @@ def run_job(job: Job) -> dict:
     from kvpilot_server.memory_model import kv_bytes_per_token, shape_from_config
 
     config = json.loads((_model_path(job.model) / "config.json").read_text())
-    dtype = "bfloat16" if job.device != "cpu" and torch.cuda.is_available() else "float32"
+    # The dtype auto gives the engine below, to size its KV cache in advance.
+    dtype = precision.resolve_dtype("auto", gpu=job.device != "cpu" and torch.cuda.is_available())
     max_len = max(job.window + 1, PROMPT_TOKENS + max(job.new_tokens, job.speed_tokens))
     per_token = kv_bytes_per_token(shape_from_config(config), dtype, job.kv_cache_dtype)
     llm = LLM(

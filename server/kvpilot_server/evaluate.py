@@ -19,6 +19,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from kvpilot_server import precision
 from kvpilot_server.eval_job import Job
 
 
@@ -53,8 +54,17 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
         default="none,int8,int4",
         help="weight quantizations, QUANT[-gGROUP][:KV_DTYPE], e.g. none,int8,int4-g64:int8",
     )
-    parser.add_argument("--kv-cache-dtype", default="auto", help="KV dtype for every config")
-    parser.add_argument("--quantization-group-size", type=int, default=32)
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default=precision.DEFAULT_KV_CACHE_DTYPE,
+        help=f"KV dtype for every config: {', '.join(precision.KV_CACHE_DTYPES)}",
+    )
+    parser.add_argument(
+        "--quantization-group-size",
+        type=int,
+        default=precision.INT4_DEFAULT_GROUP_SIZE,
+        help=f"int4 only: {', '.join(map(str, precision.INT4_GROUP_SIZES))}",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--text", help="a UTF-8 text file (default: Python's documentation)")
     parser.add_argument("--tokens", type=int, default=8192, help="perplexity tokens")
@@ -80,8 +90,11 @@ def run_eval(args: argparse.Namespace) -> int:
         speed_tokens=args.speed_tokens,
     )
     configs = parse_configs(args.configs, args.kv_cache_dtype, args.quantization_group_size)
-    baseline_job = Job(quantization="none", group_size=32, kv_cache_dtype="auto", **base)
-    configs = [c for c in configs if c[0] != "none" or c[2] != "auto"]  # the baseline runs anyway
+    # The baseline: the model dtype, nothing quantized; it runs anyway, so it is not repeated.
+    none, auto = precision.DEFAULT_QUANTIZATION, precision.DEFAULT_KV_CACHE_DTYPE
+    group = precision.INT4_DEFAULT_GROUP_SIZE
+    baseline_job = Job(quantization=none, group_size=group, kv_cache_dtype=auto, **base)
+    configs = [c for c in configs if c[0] != none or c[2] != auto]
     baseline = _in_fresh_process(baseline_job)
     if "error" in baseline:
         print(f"kvpilot eval: baseline failed: {baseline['error']}", file=sys.stderr)

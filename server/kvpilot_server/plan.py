@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+from kvpilot_server import precision
 from kvpilot_server.engine_args import parse_bytes
 from kvpilot_server.memory_model import (
     GPU_MEMORY_MIB,
@@ -25,12 +26,25 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--gpu-memory", type=parse_bytes, help="device memory, e.g. 80GiB")
     where.add_argument("--gpu-type", choices=sorted(GPU_MEMORY_MIB), help="a known GPU")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--quantization", default="none", choices=["none", "int8", "int4", "fp8"])
+    # No auto: nothing says which device auto would resolve on; plans are for GPUs.
+    parser.add_argument("--dtype", default=precision.AUTO_DTYPE_GPU, choices=precision.SIZED_DTYPES)
     parser.add_argument(
-        "--quantization-group-size", type=int, default=32, choices=[32, 64, 128], help="int4 only"
+        "--quantization",
+        default=precision.DEFAULT_QUANTIZATION,
+        choices=list(precision.QUANTIZATIONS),
     )
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"])
+    parser.add_argument(
+        "--quantization-group-size",
+        type=int,
+        default=precision.INT4_DEFAULT_GROUP_SIZE,
+        choices=precision.INT4_GROUP_SIZES,
+        help="int4 only",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default=precision.DEFAULT_KV_CACHE_DTYPE,
+        choices=list(precision.KV_CACHE_DTYPES),
+    )
     parser.add_argument("--max-model-len", type=int, help="default: the model's own limit")
     parser.add_argument("--kv-cache-memory-fraction", type=float, default=0.9)
     parser.add_argument("--json", action="store_true", help="print JSON only")
