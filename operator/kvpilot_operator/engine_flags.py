@@ -1,7 +1,8 @@
 """The pod's file layout and the `kvpilot serve` flags a ModelDeployment's spec turns into."""
 
-from kvpilot_operator.fit import DTYPE_FLAGS, cpu_kv_cache_bytes
+from kvpilot_operator.fit import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, cpu_kv_cache_bytes
 from kvpilot_operator.source import problem, pvc
+from kvpilot_server import precision
 
 PORT = 8000
 CACHE_DIR = "/var/cache/kvpilot"  # model cache volume: downloads and converted models
@@ -29,7 +30,7 @@ def engine_args(spec: dict, name: str) -> list[str]:
         "--port": str(PORT),
         "--model": model_path(spec["model"]["source"]),
         "--served-model-name": spec["model"].get("servedModelName") or name,
-        "--dtype": DTYPE_FLAGS[engine["dtype"]],
+        "--dtype": DTYPES[engine["dtype"]].name,
         "--block-size": str(engine["blockSize"]),
         "--max-num-seqs": str(engine["maxNumSeqs"]),
         "--max-num-batched-tokens": str(engine["maxNumBatchedTokens"]),
@@ -44,12 +45,15 @@ def engine_args(spec: dict, name: str) -> list[str]:
     else:
         args["--device"] = "cpu"
         args["--kv-cache-bytes"] = str(cpu_kv_cache_bytes(spec))
-    if engine["quantization"] != "None":
-        args["--quantization"] = engine["quantization"].lower()
-    if engine["quantization"] == "Int4":
+    # Only what differs from the engine's defaults: a pod's flags say what was asked for.
+    quantization = QUANTIZATIONS[engine["quantization"]].name
+    if quantization != precision.DEFAULT_QUANTIZATION:
+        args["--quantization"] = quantization
+    if QUANTIZATIONS[engine["quantization"]].grouped:  # int4: its group size
         args["--quantization-group-size"] = str(engine["quantizationGroupSize"])
-    if engine["kvCacheDtype"] != "Auto":
-        args["--kv-cache-dtype"] = engine["kvCacheDtype"].lower()
+    kv_cache_dtype = KV_CACHE_DTYPES[engine["kvCacheDtype"]].name
+    if kv_cache_dtype != precision.DEFAULT_KV_CACHE_DTYPE:
+        args["--kv-cache-dtype"] = kv_cache_dtype
     if spec.get("auth", {}).get("apiKeySecretRef"):
         args["--api-key-file"] = f"{KEYS_DIR}/{spec['auth']['apiKeySecretRef']['key']}"
     # One word per flag, --flag=value: argparse reads `--served-model-name -x` as two flags and

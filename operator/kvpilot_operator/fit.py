@@ -9,8 +9,8 @@ from typing import Any
 from lightkube.utils.quantity import parse_quantity
 
 from kvpilot_operator.source import problem as source_problem
+from kvpilot_server import precision
 from kvpilot_server.memory_model import (
-    FP8_COMPUTE_CAPABILITY,
     GPU_COMPUTE_CAPABILITY,
     GPU_MEMORY_MIB,
     KNOWN_MODELS,
@@ -21,8 +21,10 @@ from kvpilot_server.memory_model import (
 )
 
 CPU_HEADROOM_BYTES = 1 << 30
-# spec.engine.dtype -> the server's --dtype; auto is float32 on CPU, bfloat16 on GPUs.
-DTYPE_FLAGS = {"Auto": "auto", "Float32": "float32", "BFloat16": "bfloat16", "Float16": "float16"}
+# spec.engine's precision fields, CRD spelling -> the engine's rule (its .name is the flag value).
+DTYPES = precision.by_crd(precision.DTYPES)
+QUANTIZATIONS = precision.by_crd(precision.QUANTIZATIONS)
+KV_CACHE_DTYPES = precision.by_crd(precision.KV_CACHE_DTYPES)
 # The model cache volume's size limit (an emptyDir's sizeLimit: the kubelet evicts the pod that
 # writes more, rather than a runaway download filling the node's disk and evicting others).
 # Derived from the model, not one default, because a 135M and a 70B model differ 500-fold. On disk
@@ -46,8 +48,7 @@ class Fit:
 
 def _dtype(spec: dict) -> str:
     gpu = spec["resources"]["gpus"] > 0
-    flag = DTYPE_FLAGS[spec["engine"]["dtype"]]
-    return flag if flag != "auto" else ("bfloat16" if gpu else "float32")
+    return precision.resolve_dtype(DTYPES[spec["engine"]["dtype"]].name, gpu)
 
 
 def _max_len(spec: dict, shape: ModelShape) -> int:
@@ -72,9 +73,9 @@ def _plan(spec: dict, shape: ModelShape, memory: int):
         memory,
         _max_len(spec, shape),
         dtype=_dtype(spec),
-        quantization=engine["quantization"].lower(),
+        quantization=QUANTIZATIONS[engine["quantization"]].name,
         group_size=engine["quantizationGroupSize"],
-        kv_cache_dtype=engine["kvCacheDtype"].lower(),
+        kv_cache_dtype=KV_CACHE_DTYPES[engine["kvCacheDtype"]].name,
         kv_fraction=engine["kvCacheMemoryPercent"] / 100,
         **({} if gpu else {"headroom_bytes": CPU_HEADROOM_BYTES}),
     )
@@ -84,17 +85,19 @@ def unsupported_precision(spec: dict) -> str | None:
     """Why the engine would refuse this spec's FP8 at start, or None. A GPU type the table does
     not know is given the benefit of the doubt (the pod then reports ModelLoadFailed)."""
     engine, resources = spec["engine"], spec["resources"]
-    fp8 = [f for f in ("quantization", "kvCacheDtype") if engine[f] == "FP8"]
+    fields = (("quantization", QUANTIZATIONS), ("kvCacheDtype", KV_CACHE_DTYPES))
+    fp8 = [field for field, table in fields if table[engine[field]].fp8]
     if not fp8:
         return None
-    asked = " and ".join(f"{field} FP8" for field in fp8)
+    asked = " and ".join(f"{field} {engine[field]}" for field in fp8)
+    floor = precision.FP8_MIN_COMPUTE_CAPABILITY_TEXT
     if not resources["gpus"]:
-        return f"{asked} needs a GPU of compute capability 8.9+; on CPU use Int8"
+        return f"{asked} needs a GPU of compute capability {floor}+; on CPU use Int8"
     gpu = resources.get("gpuType", "")
     capability = GPU_COMPUTE_CAPABILITY.get(gpu)
-    if capability is not None and capability < FP8_COMPUTE_CAPABILITY:
+    if capability is not None and not precision.fp8_capable(capability):
         return (
-            f"{asked} needs a GPU of compute capability 8.9+ (L4, L40S, H100, H200); {gpu} is "
+            f"{asked} needs a GPU of compute capability {floor}+ (L4, L40S, H100, H200); {gpu} is "
             f"{capability[0]}.{capability[1]}: use Int8 or Int4, or a newer GPU type"
         )
     return None
