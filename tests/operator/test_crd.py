@@ -125,6 +125,10 @@ FIELD_CASES = [
     ("model.servedModelName", "model\n", False),
     ("model.servedModelName", "", False),
     ("model.servedModelName", "a" * 257, False),
+    ("resources.memory", "999999999.999Ti", True),
+    ("resources.memory", "1.5Gi", True),
+    ("resources.memory", "99999999999999999999999Ti", False),  # passed once; fit.py then crashed
+    ("resources.memory", "1.2345Gi", False),
     ("resources.modelCacheGiB", 1, True),
     ("resources.modelCacheGiB", 500, True),
     ("resources.modelCacheGiB", 0, False),
