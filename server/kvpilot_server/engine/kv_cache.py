@@ -6,17 +6,15 @@ once as it is written and needs no calibration. Per-token scales keep one outlie
 costing its whole block precision; they add 4 bytes per head_dim bytes (6% at head_dim 64).
 """
 
+import functools
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
 
 from kvpilot_server import precision
+from kvpilot_server.engine.model_config import ModelConfig
 from kvpilot_server.errors import ConfigError
-
-if TYPE_CHECKING:  # llama.py imports attention.py, which imports this module
-    from kvpilot_server.engine.llama import LlamaForCausalLM
 
 _MIN_SCALE = 1e-8  # an all-zero head still gets a finite scale
 
@@ -102,27 +100,36 @@ def _storage(kv_cache_dtype: str, device: torch.device) -> torch.dtype | None:
 
 
 def allocate(
-    model: "LlamaForCausalLM", num_blocks: int, block_size: int, kv_cache_dtype: str = "auto"
+    cfg: ModelConfig,
+    dtype: torch.dtype,  # the model's: what an unquantized cache stores
+    device: torch.device,
+    num_blocks: int,
+    block_size: int,
+    kv_cache_dtype: str = "auto",
 ) -> KVCache:
-    cfg, param = model.cfg, model.embed_tokens.weight
-    storage = _storage(kv_cache_dtype, param.device)
+    storage = _storage(kv_cache_dtype, device)
     shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
 
     # Zeros, not empty: padded decode rows read unused slots, and 0 * NaN would poison them.
+    zeros = functools.partial(torch.zeros, device=device)
+
     def layer() -> LayerCache:
         if storage is None:
-            return LayerCache(param.new_zeros(shape), param.new_zeros(shape))
-        k, v = (param.new_zeros(shape, dtype=storage) for _ in range(2))
-        scales = (param.new_zeros(shape[:-1], dtype=torch.float32) for _ in range(2))
+            return LayerCache(zeros(shape, dtype=dtype), zeros(shape, dtype=dtype))
+        k, v = (zeros(shape, dtype=storage) for _ in range(2))
+        scales = (zeros(shape[:-1], dtype=torch.float32) for _ in range(2))
         return LayerCache(k, v, *scales)
 
     return [layer() for _ in range(cfg.num_layers)]
 
 
 def bytes_per_block(
-    model: "LlamaForCausalLM", block_size: int, kv_cache_dtype: str = "auto"
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    block_size: int,
+    kv_cache_dtype: str = "auto",
 ) -> int:
-    cfg, param = model.cfg, model.embed_tokens.weight
-    _storage(kv_cache_dtype, param.device)  # refuses fp8 where it cannot run
-    per_head = precision.kv_bytes_per_head(cfg.head_dim, kv_cache_dtype, param.element_size())
+    _storage(kv_cache_dtype, device)  # refuses fp8 where it cannot run
+    per_head = precision.kv_bytes_per_head(cfg.head_dim, kv_cache_dtype, dtype.itemsize)
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * per_head

@@ -50,8 +50,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = _device(config.device)
+        self.dtype = _dtype(config.dtype, self.device)
         path = self.model_path = resolve_model(config.model)
-        self.model = load_model(path, _dtype(config.dtype, self.device), self.device)
+        self.model = load_model(path, self.dtype, self.device)
         quantize(self.model, config.quantization, self.device, config.quantization_group_size)
         self.tokenizer: PreTrainedTokenizerBase = _tokenizer(path)
         cfg = self.model.cfg
@@ -62,7 +63,9 @@ class LLMEngine:
         config.check_against_model(cfg.max_position_embeddings, num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.pool)
-        cache = kv_cache.allocate(self.model, num_blocks, config.block_size, config.kv_cache_dtype)
+        cache = kv_cache.allocate(
+            cfg, self.dtype, self.device, num_blocks, config.block_size, config.kv_cache_dtype
+        )
         self.runner = ModelRunner(
             self.model, cache, config.block_size, self.max_model_len, self._cpu_kernel()
         )
@@ -71,16 +74,17 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
 
     def _num_blocks(self) -> int:
+        config = self.config
         per_block = kv_cache.bytes_per_block(
-            self.model, self.config.block_size, self.config.kv_cache_dtype
+            self.model.cfg, self.dtype, self.device, config.block_size, config.kv_cache_dtype
         )
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * self.config.kv_cache_memory_fraction) // per_block
-        return self.config.kv_cache_bytes // per_block
+            return int(free * config.kv_cache_memory_fraction) // per_block
+        return config.kv_cache_bytes // per_block
 
     def _cpu_kernel(self):
-        if self.device.type != "cpu" or self.model.embed_tokens.weight.dtype != torch.float32:
+        if self.device.type != "cpu" or self.dtype != torch.float32:
             return None
         from kvpilot_server.engine import cpu_kernels
 
