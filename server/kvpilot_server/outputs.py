@@ -1,8 +1,16 @@
-"""What the engine hands back: vLLM-shaped request and completion outputs, plus usage."""
+"""What the engine hands back: vLLM-shaped request and completion outputs, plus usage. Plain
+data without torch, so the HTTP side's formatting and metrics can be read without the engine."""
 
 from dataclasses import dataclass, field
 
-from kvpilot_server.engine.sampler import Sample
+
+@dataclass
+class Sample:
+    """One chosen token, with its logprob and best alternatives when they were asked for."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None  # best first, as OpenAI returns them
 
 
 @dataclass

@@ -5,8 +5,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from kvpilot_server.engine.sampler import Sample
-from kvpilot_server.outputs import RequestOutput
+from kvpilot_server.outputs import RequestOutput, Sample
 
 
 def usage(outputs: list[RequestOutput]) -> dict[str, Any]:

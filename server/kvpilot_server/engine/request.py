@@ -4,9 +4,8 @@ import time
 from dataclasses import dataclass, field
 
 from kvpilot_server.engine.detokenizer import Detokenizer
-from kvpilot_server.engine.sampler import Sample
 from kvpilot_server.engine.sequence import Sequence
-from kvpilot_server.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvpilot_server.outputs import CompletionOutput, RequestMetrics, RequestOutput, Sample
 
 
 @dataclass

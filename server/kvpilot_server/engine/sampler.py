@@ -6,20 +6,12 @@ else shares the batch. A row that cannot be sampled comes back as its exception,
 request's extreme settings fail that request alone.
 """
 
-from dataclasses import dataclass
-
 import torch
 
 from kvpilot_server.engine.sequence import Sequence
+from kvpilot_server.outputs import Sample
 
 _MAX = torch.finfo(torch.float32).max
-
-
-@dataclass
-class Sample:
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None  # best first, as OpenAI returns them
 
 
 class Sampler:
