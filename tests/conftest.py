@@ -1,5 +1,6 @@
 """Shared fixtures: the bundled real model, tiny random checkpoints, the HF oracle, and the real
-Kubernetes control plane with the chart installed."""
+Kubernetes control plane with the chart installed (the code behind them: kvpilot_testing, in
+testing/)."""
 
 import functools
 import re
@@ -10,25 +11,11 @@ import pytest
 import torch
 
 from kvpilot_server.models.builtin import builtin_path
-from kvpilot_server.models.tiny import TINY_MODELS, build_tiny_model
-from tests.kube.cluster import Cluster, create_namespace
-from tests.kube.controlplane import ControlPlane
-from tests.kube.install import Installed, install
-
-# Plain English, sliced into prompts of any length (a real tokenizer on real text gives the
-# model realistic, well-separated next-token choices).
-CORPUS = (
-    "The river starts high in the mountains, where snow melts each spring and runs down "
-    "through pine forests into a wide green valley. Farmers in the valley grow wheat, apples "
-    "and potatoes, and every autumn they bring their harvest to the market in the old town. "
-    "The town has a stone bridge, a library with a clock tower, and a small museum about the "
-    "history of the railway that once carried timber to the coast. Children learn to swim in "
-    "the lake during summer, and in winter the same lake freezes so thick that people skate "
-    "on it for weeks. Scientists from the university measure the water every month to see "
-    "how the climate is changing, and they publish their results in a short report that "
-    "anyone can read. Tourists often ask the guides why the water is so cold and clear, and "
-    "the guides explain that it comes straight from the glaciers above the tree line. "
-)
+from kvpilot_testing.corpus import CORPUS
+from kvpilot_testing.kube.cluster import Cluster, create_namespace
+from kvpilot_testing.kube.controlplane import ControlPlane
+from kvpilot_testing.kube.install import Installed, install
+from kvpilot_testing.tiny import TINY_MODELS, build_tiny_model
 
 
 @pytest.fixture(scope="session")

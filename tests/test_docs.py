@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvpilot_testing.helm import MONITORING_API, notes, render
 from scripts import crd_reference
-from tests.chart.helm import MONITORING_API, notes, render
 from tests.operator.crd_rules import errors
 
 ROOT = Path(__file__).parents[1]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.api.live_server import _free_port, start_tiny_server, stop_server, terminate
+from kvpilot_testing.live_server import free_port, start_tiny_server, stop_server, terminate
 
 HEALTH_BUDGET_S = 1.0  # /health must answer within this, during any attack
 CHAT_FACTOR, CHAT_SLACK_S = 5.0, 0.5  # a normal chat afterwards: within 5x baseline + 0.5 s
@@ -243,7 +243,7 @@ def fail_closed(model_dir, key_file: str, env_keys: str | None, limit_s: float =
     env["KVPILOT_CPU_KERNELS"] = "0"
     if env_keys is not None:
         env["KVPILOT_API_KEYS"] = env_keys
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "kvpilot_server.cli", "serve", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--model", str(model_dir), "--kv-cache-bytes", "16MiB"]
     cmd += ["--max-model-len", "256", "--api-key-file", key_file]

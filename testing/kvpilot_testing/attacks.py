@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.server.api.adversary import error_shape, is_idle, wait_idle
-from tests.server.api.raw_http import address, chunked_upload, post_bytes, raw_request
+from kvpilot_testing.adversary import error_shape, is_idle, wait_idle
+from kvpilot_testing.raw_http import address, chunked_upload, post_bytes, raw_request
 
 REQUEST_TIMEOUT, HEADER_TIMEOUT, BODY_TIMEOUT = 5.0, 1.0, 1.0
 LIMITS = ("--max-waiting", "4", "--max-num-seqs", "4", "--request-timeout", "5")

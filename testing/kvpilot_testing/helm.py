@@ -10,8 +10,8 @@ import helm_python
 import yaml
 from helm_python import _native  # private: the only way to pass api_versions and kube_version
 
-ROOT = Path(__file__).parents[2]
-CHART = ROOT / "charts" / "kvpilot"
+from kvpilot_testing.paths import CHART
+
 RELEASE, NAMESPACE = "kvpilot", "kvpilot-system"
 MONITORING_API = "monitoring.coreos.com/v1"
 

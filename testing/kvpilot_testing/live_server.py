@@ -9,14 +9,15 @@ import time
 import httpx
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def start_server(*args: str, timeout: float = 300.0, host: str = "127.0.0.1", port: int = 0):
-    port = port or _free_port()
+    port = port or free_port()
     cmd = [
         sys.executable,
         "-m",

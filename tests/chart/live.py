@@ -18,9 +18,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.kube.cluster import wait_for
-from tests.kube.controlplane import ControlPlane, free_port
-from tests.kube.install import NAMESPACE, RELEASE, Installed, install
+from kvpilot_testing.kube.cluster import wait_for
+from kvpilot_testing.kube.controlplane import ControlPlane
+from kvpilot_testing.kube.install import NAMESPACE, RELEASE, Installed, install
+from kvpilot_testing.live_server import free_port
 
 # The Deployment's `command: [kvpilot]`: the console script of the venv the tests run in.
 KVPILOT = Path(sys.executable).parent / "kvpilot"

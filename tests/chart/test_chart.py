@@ -18,11 +18,9 @@ from kvpilot_operator import crd, naming
 from kvpilot_operator.engine_flags import PORT
 from kvpilot_operator.main import add_operator_args
 from kvpilot_operator.render import render as render_model
-from tests.chart.helm import (
-    CHART,
+from kvpilot_testing.helm import (
     MONITORING_API,
     NAMESPACE,
-    ROOT,
     chart_copy,
     notes,
     objects,
@@ -30,6 +28,7 @@ from tests.chart.helm import (
     one,
     render,
 )
+from kvpilot_testing.paths import CHART, ROOT
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest known.
 K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]

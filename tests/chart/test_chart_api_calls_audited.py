@@ -15,6 +15,16 @@ import pytest
 
 from kvpilot_operator import permissions
 from kvpilot_operator.permissions import Permission
+from kvpilot_testing.kube.cluster import (
+    DEPLOYMENTS,
+    EVENTS,
+    MD,
+    PDBS,
+    Cluster,
+    create_namespace,
+    wait_for,
+)
+from kvpilot_testing.kube.install import CHART, NAMESPACE, RELEASE, Installed, helm
 from tests.chart.live import (
     Call,
     ChartOperator,
@@ -24,8 +34,6 @@ from tests.chart.live import (
     is_public,
     non_resource,
 )
-from tests.kube.cluster import DEPLOYMENTS, EVENTS, MD, PDBS, Cluster, create_namespace, wait_for
-from tests.kube.install import CHART, NAMESPACE, RELEASE, Installed, helm
 
 Key = tuple[str, str, str]  # (api group, resource[/subresource], verb)
 SCOPES = {"Release": NAMESPACE, "All": "elsewhere"}  # watch.scope -> where the life happens

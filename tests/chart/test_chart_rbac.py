@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from kvpilot_operator import permissions
-from tests.chart.helm import NAMESPACE, objects, of_kind, one, render
+from kvpilot_testing.helm import NAMESPACE, objects, of_kind, one, render
 
 CLUSTER = None  # the scope of a cluster-scoped request, or of a request in every namespace
 ELSEWHERE = "somebody-else"  # a namespace the operator does not watch

@@ -12,11 +12,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart.helm import chart_copy, objects, render
+from kvpilot_testing.helm import chart_copy, objects, render
+from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, Cluster, wait_for
+from kvpilot_testing.kube.install import (
+    CHART,
+    CRD_NAME,
+    NAMESPACE,
+    RELEASE,
+    Installed,
+    helm,
+    wait_for_crd,
+)
+from kvpilot_testing.kube.node import Node
 from tests.chart.live import ChartOperator, forbidden, fresh_release
-from tests.kube.cluster import DEPLOYMENTS, MD, Cluster, wait_for
-from tests.kube.install import CHART, CRD_NAME, NAMESPACE, RELEASE, Installed, helm, wait_for_crd
-from tests.kube.node import Node
 
 SAMPLE = Path(__file__).parents[2] / "crds" / "samples" / "builtin-cpu.yaml"
 CRD_PATH = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"

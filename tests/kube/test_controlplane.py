@@ -7,8 +7,9 @@ import stat
 
 import pytest
 
-from tests.kube.cluster import MD
-from tests.kube.controlplane import ROOT, ControlPlane, ControlPlaneError
+from kvpilot_testing.kube.cluster import MD
+from kvpilot_testing.kube.controlplane import ControlPlane, ControlPlaneError
+from kvpilot_testing.paths import ROOT
 
 BUILTIN = "builtin://smollm2-135m-instruct"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.server.api.live_server import _free_port, terminate
+from kvpilot_testing.live_server import free_port, terminate
 
 ROOT = Path(__file__).parents[2]
 INSTALL = ROOT / "scripts" / "install-prometheus.sh"
@@ -43,7 +43,7 @@ class Prometheus:
             "scrape_configs": scrape_configs,
         }
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = _free_port()
+        port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         self.log = (self.dir / "prometheus.log").open("w")
         self.proc = subprocess.Popen(

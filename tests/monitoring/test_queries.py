@@ -26,10 +26,10 @@ from prometheus_client import start_http_server
 
 from kvpilot_operator import metrics as operator_metrics
 from kvpilot_server import metric_names as names
+from kvpilot_testing.corpus import CORPUS
+from kvpilot_testing.live_server import start_tiny_server, stop_server
 from scripts.dashboards import FILES, ROOT, alert_groups, dashboards
-from tests.conftest import CORPUS
 from tests.monitoring.prometheus_server import Prometheus, PromQLError, finite
-from tests.server.api.live_server import start_tiny_server, stop_server
 
 NAMESPACE, MODEL, POD = "kvpilot-test", "tiny", "tiny-0"
 OPERATOR_NAMESPACE = "kvpilot-system"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube.cluster import DEPLOYMENTS, MD, wait_for
+from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, wait_for
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
 KEEP = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}

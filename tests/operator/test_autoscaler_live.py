@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.kube.cluster import EVENTS, MD, wait_for
-from tests.kube.node import PORT, Node, serve_tiny
+from kvpilot_testing.kube.cluster import EVENTS, MD, wait_for
+from kvpilot_testing.kube.node import PORT, Node, serve_tiny
 
 BODY = {
     "model": "tiny",

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from kvpilot_operator import crd, render
-from tests.kube.cluster import DEPLOYMENTS, MD, PDBS, SERVICES, create_namespace
+from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, PDBS, SERVICES, create_namespace
 from tests.operator.crd_rules import as_created, as_sent, errors
 from tests.operator.test_crd import (
     ACCEPTED_CASES,

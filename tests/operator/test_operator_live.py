@@ -10,8 +10,17 @@ import httpx
 import pytest
 import yaml
 
-from tests.kube.cluster import DEPLOYMENTS, EVENTS, MD, PDBS, PODS, SERVICES, Cluster, wait_for
-from tests.kube.node import Node
+from kvpilot_testing.kube.cluster import (
+    DEPLOYMENTS,
+    EVENTS,
+    MD,
+    PDBS,
+    PODS,
+    SERVICES,
+    Cluster,
+    wait_for,
+)
+from kvpilot_testing.kube.node import Node
 
 SAMPLES = Path(__file__).parents[2] / "crds" / "samples"
 

@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvpilot_operator import autoscaler, crd, metrics
 from kvpilot_operator.observe import Window
 from kvpilot_server import metric_names as names
-from tests.kube.cluster import DEPLOYMENTS, MD, wait_for
-from tests.kube.controlplane import free_port
-from tests.kube.node import Node
+from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, wait_for
+from kvpilot_testing.kube.node import Node
+from kvpilot_testing.live_server import free_port
 
 GAUGES = [
     names.OPERATOR_DESIRED_REPLICAS,

@@ -1,1 +1,1 @@
-"""Where model checkpoints come from: the bundled model, local paths, tiny test checkpoints."""
+"""Where model checkpoints come from: the bundled model, hf:// and local paths."""

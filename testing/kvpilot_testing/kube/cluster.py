@@ -14,7 +14,8 @@ from typing import Any
 
 import httpx
 
-from tests.kube.controlplane import ControlPlane, free_port
+from kvpilot_testing.kube.controlplane import ControlPlane
+from kvpilot_testing.live_server import free_port
 
 MD = "/apis/kvpilot.dev/v1alpha1/namespaces/{ns}/modeldeployments"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"

@@ -1,7 +1,7 @@
 """A real Kubernetes control plane on 127.0.0.1 for the tests: etcd, kube-apiserver and
 kube-controller-manager, the binaries scripts/controlplane.sh builds from pinned Go modules.
 
-No scheduler and no kubelet: tests/kube/node.py plays the node. The API server enables the
+No scheduler and no kubelet: kube/node.py plays the node. The API server enables the
 OwnerReferencesPermissionEnforcement admission plugin (off by default, on in OpenShift), so an
 operator without `modeldeployments/finalizers` fails here as it would there, and writes an
 audit log of every request that is not a control-plane component's, so tests can see exactly
@@ -10,7 +10,6 @@ which calls the operator made and what the API server answered."""
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -21,7 +20,8 @@ from typing import Any
 import httpx
 import yaml
 
-ROOT = Path(__file__).parents[2]
+from kvpilot_testing.live_server import free_port
+
 BIN_DIR = (
     Path(os.environ.get("KVPILOT_TOOLS_CACHE", Path.home() / ".cache/kvpilot/controlplane")) / "bin"
 )
@@ -40,12 +40,6 @@ AUDIT_POLICY = {
         {"level": "Metadata"},
     ],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ControlPlaneError(RuntimeError):

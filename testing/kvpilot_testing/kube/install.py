@@ -5,9 +5,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.kube.controlplane import ROOT, ControlPlane
+from kvpilot_testing.kube.controlplane import ControlPlane
+from kvpilot_testing.paths import CHART
 
-CHART = ROOT / "charts" / "kvpilot"
 RELEASE, NAMESPACE = "kvpilot", "kvpilot-system"
 CRD_NAME = "modeldeployments.kvpilot.dev"
 

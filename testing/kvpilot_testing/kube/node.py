@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tests.kube.cluster import PODS, Cluster
+from kvpilot_testing.kube.cluster import PODS, Cluster
 
 NODE = "kvpilot-test-node"
 PORT = 8000  # the model server's port in the pod template (render.py)
@@ -174,7 +174,7 @@ class Node:
 
 def serve_tiny(model_dir: Path, *server_args: str) -> tuple[Callable, Callable]:
     """(serve, stop_server) for Node: a real `kvpilot serve` of a tiny model per pod."""
-    from tests.server.api.live_server import start_tiny_server, stop_server
+    from kvpilot_testing.live_server import start_tiny_server, stop_server
 
     def serve(address: str) -> Any:
         process, _ = start_tiny_server(model_dir, *server_args, host=address, port=PORT)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.server.api.live_server import start_tiny_server, stop_server
+from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 
 @pytest.fixture(scope="module")

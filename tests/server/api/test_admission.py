@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.api.live_server import start_tiny_server, stop_server
+from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 
 @pytest.fixture(scope="module")

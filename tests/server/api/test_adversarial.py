@@ -14,16 +14,16 @@ import re
 import httpx
 import pytest
 
-from tests.server.api import attacks
-from tests.server.api.adversary import Attack, Fleet, Target, fail_closed_all
-from tests.server.api.attacks import (
+from kvpilot_testing import attacks
+from kvpilot_testing.adversary import Attack, Fleet, Target, fail_closed_all
+from kvpilot_testing.attacks import (
     BODY_TIMEOUT,
     CLIENT_TIMEOUT_FLAGS,
     HEADER_TIMEOUT,
     LIMITS,
     REQUEST_TIMEOUT,
 )
-from tests.server.api.raw_http import CLOSED
+from kvpilot_testing.raw_http import CLOSED
 
 API_KEY = "adversarial-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

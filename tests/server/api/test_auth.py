@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.api.live_server import start_tiny_server, stop_server
+from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 SERVERS: dict = {}  # base URL -> process, for reading its log
 

@@ -3,7 +3,7 @@
 import pytest
 from openai import OpenAI
 
-from tests.server.api.live_server import start_server, stop_server
+from kvpilot_testing.live_server import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import signal
 
 import httpx
 
-from tests.server.api.live_server import start_tiny_server
+from kvpilot_testing.live_server import start_tiny_server
 
 
 def test_sigterm_drains_in_flight_streams(tiny_dir):
