@@ -16,13 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kvpilot_server.models.builtin import builtin_path  # noqa: E402
-from kvpilot_server.models.tiny import build_tiny_model  # noqa: E402
-from tests.server.api import attacks  # noqa: E402
-from tests.server.api.adversary import Attack, Fleet, fail_closed_all  # noqa: E402
+from kvpilot_server.models.builtin import builtin_path
+from kvpilot_testing import attacks
+from kvpilot_testing.adversary import Attack, Fleet, fail_closed_all
+from kvpilot_testing.tiny import build_tiny_model
 
 API_KEY = "adversarial-key"
 # What the attacker should get (the test module asserts it), keyed by attack name prefix.

@@ -13,17 +13,12 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-# The same real text the tests slice prompts from.
-from conftest import CORPUS
-
 from kvpilot_server import LLM, SamplingParams
+from kvpilot_testing.corpus import CORPUS  # the same real text the tests slice prompts from
 
 MODEL = "builtin://smollm2-135m-instruct"
 

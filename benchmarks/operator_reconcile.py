@@ -19,7 +19,6 @@ import argparse
 import collections
 import json
 import statistics
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -27,9 +26,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tests.kube.cluster import (  # noqa: E402
+from kvpilot_testing.kube.cluster import (
     DEPLOYMENTS,
     MD,
     SERVICES,
@@ -37,9 +34,11 @@ from tests.kube.cluster import (  # noqa: E402
     create_namespace,
     wait_for,
 )
-from tests.kube.controlplane import ControlPlane  # noqa: E402
-from tests.kube.install import install  # noqa: E402
-from tests.kube.node import Node  # noqa: E402
+from kvpilot_testing.kube.controlplane import ControlPlane
+from kvpilot_testing.kube.install import install
+from kvpilot_testing.kube.node import Node
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _body(name: str) -> dict:

@@ -17,18 +17,13 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import httpx
+from engine_throughput import MODEL, workload  # the sibling benchmark, beside this file
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from engine_throughput import MODEL, workload  # noqa: E402 - the sibling benchmark
-
-from kvpilot_server import LLM, SamplingParams  # noqa: E402
-from tests.server.api.live_server import start_server, stop_server  # noqa: E402
+from kvpilot_server import LLM, SamplingParams
+from kvpilot_testing.live_server import start_server, stop_server
 
 ENGINE_ARGS = {
     "max_model_len": 1024,

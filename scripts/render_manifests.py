@@ -12,23 +12,22 @@ Configurations: defaults; watch-all (watch.scope=All: a ClusterRole instead of a
 NetworkPolicy). Each is scanned on its own, so that an object of one (a NetworkPolicy) never
 vouches for another.
 
-The chart is rendered with Helm's own Go SDK, exactly as the chart tests do (tests/chart/helm.py).
+The chart is rendered with Helm's own Go SDK, exactly as the chart tests do
+(testing/kvpilot_testing/helm.py).
 
 Run:   .venv/bin/python scripts/render_manifests.py OUTDIR
 """
 
 import argparse
-import sys
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "server")]
+from kvpilot_operator import crd
+from kvpilot_operator.render import render as render_model
+from kvpilot_testing.helm import NAMESPACE, objects, render
 
-from kvpilot_operator import crd  # noqa: E402
-from kvpilot_operator.render import render as render_model  # noqa: E402
-from tests.chart.helm import NAMESPACE, objects, render  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SAMPLE = ROOT / "crds" / "samples" / "builtin-cpu.yaml"
 # The operator's own default model image, as the chart passes it (KVPILOT_IMAGE).
