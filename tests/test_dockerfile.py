@@ -311,6 +311,7 @@ def test_dockerignore_keeps_out_venv_git_caches_and_strays():
         ".env",
         "kubeconfig",
         "tests/conftest.py",
+        "testing/kvpilot_testing/tiny.py",
     ):
         assert _ignored(path, rules), f"{path} would be sent to the build"
 

@@ -1,6 +1,7 @@
 """The dependency split: `kvpilot[operator]` carries no torch, `kvpilot[server]` carries the
 engine, and the base install (no extra) runs the CLI, `kvpilot plan` and the modules both sides
-share.
+share. What ships: the wheel holds no test support (kvpilot_testing, the tiny models), and
+nothing outside tests/ reaches into tests/ or edits sys.path to import.
 
 Each side is checked twice: statically (every third-party import under operator/ and server/ is
 installed by that side's extra, read from pyproject.toml and the installed packages' metadata)
@@ -10,10 +11,12 @@ for hidden modules, as if they were not installed."""
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import tomllib
+import zipfile
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -24,8 +27,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from kvpilot_server.extras import OPERATOR_MODULES, SERVER_MODULES
-from tests.kube.cluster import DEPLOYMENTS, MD, wait_for
-from tests.kube.node import Node
+from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, wait_for
+from kvpilot_testing.kube.node import Node
 
 ROOT = Path(__file__).parents[1]
 OURS = {"kvpilot_server", "kvpilot_operator"}
@@ -137,6 +140,94 @@ def test_each_side_imports_only_what_its_extra_installs():
     heavy = {"torch", "transformers", "starlette", "uvicorn", "safetensors"}
     assert not heavy & _importable("operator"), "kvpilot[operator] would install the engine"
     assert _importable(None) == OURS | {"sitecustomize", "usercustomize"}  # base: nothing
+
+
+# -- what ships --------------------------------------------------------------------------------
+
+
+def test_the_wheel_holds_the_packages_and_no_test_support(tmp_path):
+    """The kvpilot wheel, built offline from what the Dockerfile copies, holds kvpilot_server and
+    kvpilot_operator and none of kvpilot_testing (testing/, its own unshipped distribution):
+    no tiny models, no control-plane harness."""
+    src = tmp_path / "src"
+    src.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for name in ("pyproject.toml", "README.md", "LICENSE", "crds", "operator", "server"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
+        elif (ROOT / name).is_file():
+            shutil.copy(ROOT / name, src / name)
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
+    done = subprocess.run(
+        [*pip, "--quiet", "-w", str(tmp_path / "dist"), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    (wheel,) = (tmp_path / "dist").glob("kvpilot-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.partition("/")[0] for n in names if not n.partition("/")[0].endswith(".dist-info")}
+    assert top == OURS, top
+    assert "kvpilot_server/models/builtin.py" in names  # the folder the tiny models left
+    assert "kvpilot_operator/modeldeployments.kvpilot.dev.yaml" in names
+    assert not [n for n in names if "tiny" in n or "testing" in n]
+
+
+def _outside_tests() -> list[Path]:
+    skip = {".venv", ".git", "tests", "build"}
+    return sorted(
+        path
+        for path in ROOT.rglob("*.py")
+        if not skip & set(path.relative_to(ROOT).parts[:-1])
+        and not any(p.endswith(".egg-info") for p in path.parts)
+    )
+
+
+def _reaches_around(source: Path, root: Path = ROOT) -> list[str]:
+    """Lines that touch sys.path (or site.addsitedir) or import from tests/."""
+    found = []
+    for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        where = f"{source.relative_to(root)}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if (node.value.id, node.attr) in {("sys", "path"), ("site", "addsitedir")}:
+                found.append(f"{where} {node.value.id}.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module in {"sys", "site"}:
+            names = {a.name for a in node.names} & {"path", "addsitedir"}
+            found += [f"{where} from {node.module} import {n}" for n in sorted(names)]
+        modules = []
+        if isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+        found += [
+            f"{where} import {m}" for m in modules if m.partition(".")[0] in {"tests", "conftest"}
+        ]
+    return found
+
+
+def test_nothing_outside_tests_edits_sys_path_or_imports_from_tests():
+    """Benchmarks, scripts, the chart's generator and the packages import kvpilot_testing and
+    the installed packages as installed: none inserts the repository (or tests/) into sys.path."""
+    sources = _outside_tests()
+    folders = {p.relative_to(ROOT).parts[0] for p in sources}
+    assert {"benchmarks", "scripts", "charts", "testing", "server", "operator"} <= folders
+    assert [line for source in sources for line in _reaches_around(source)] == []
+
+
+def test_the_scan_sees_what_it_forbids(tmp_path):
+    bad = tmp_path / "reaching_around.py"
+    bad.write_text(
+        "import sys\nfrom site import addsitedir\nsys.path[:0] = ['x']\n"
+        "from tests.kube import cluster\nimport conftest\nimport kvpilot_testing\n"
+    )
+    assert sorted(_reaches_around(bad, tmp_path)) == [
+        "reaching_around.py:2 from site import addsitedir",
+        "reaching_around.py:3 sys.path",
+        "reaching_around.py:4 import tests.kube",
+        "reaching_around.py:5 import conftest",
+    ]
 
 
 # -- running with modules hidden --------------------------------------------------------------
