@@ -10,6 +10,7 @@ first on PYTHONPATH puts a finder at the head of sys.meta_path that raises Modul
 for hidden modules, as if they were not installed."""
 
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -26,9 +27,10 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kvpilot_server.extras import OPERATOR_MODULES, SERVER_MODULES
+from kvpilot_server.extras import BENCH_MODULES, OPERATOR_MODULES, SERVER_MODULES
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, wait_for
 from kvpilot_testing.kube.node import Node
+from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 ROOT = Path(__file__).parents[1]
 OURS = {"kvpilot_server", "kvpilot_operator"}
@@ -43,6 +45,9 @@ import sys
 _block = set(filter(None, os.environ.get("KVPILOT_TEST_HIDE", "").split(",")))
 _allow = os.environ.get("KVPILOT_TEST_ALLOW_ONLY")
 _allow = None if _allow is None else set(_allow.split(",")) | set(sys.stdlib_module_names)
+# sysconfig's build-time data (read by zoneinfo, so by dateutil and matplotlib) is part of the
+# standard library, though sys.stdlib_module_names does not list it.
+_STDLIB_PREFIXES = ("_sysconfigdata_",)
 _log = os.environ.get("KVPILOT_TEST_HIDDEN_LOG")
 
 
@@ -52,7 +57,8 @@ class _Hiding:
 
     def find_spec(self, name, path=None, target=None):
         top = name.partition(".")[0]
-        if top in _block or (_allow is not None and top not in _allow):
+        allowed = top in _allow or top.startswith(_STDLIB_PREFIXES) if _allow is not None else True
+        if top in _block or not allowed:
             if _log:
                 with open(_log, "a") as f:
                     f.write(name + "\\n")
@@ -117,10 +123,13 @@ def _importable(extra: str | None) -> set[str]:
     return provided | OURS | {"sitecustomize", "usercustomize"}
 
 
-def _third_party_imports(folder: Path) -> set[str]:
-    """Every absolute import's top-level module in folder's sources, lazy ones included."""
+def _third_party_imports(folder: Path, skip: Path | None = None) -> set[str]:
+    """Every absolute import's top-level module in folder's sources (but skip's), lazy ones
+    included."""
     found = set()
     for source in folder.rglob("*.py"):
+        if skip is not None and source.is_relative_to(skip):
+            continue
         for node in ast.walk(ast.parse(source.read_text(), str(source))):
             if isinstance(node, ast.Import):
                 found |= {alias.name.partition(".")[0] for alias in node.names}
@@ -129,16 +138,23 @@ def _third_party_imports(folder: Path) -> set[str]:
     return found - set(sys.stdlib_module_names) - OURS
 
 
+BENCH = ROOT / "server" / "kvpilot_server" / "bench"
+
+
 def test_each_side_imports_only_what_its_extra_installs():
     operator = _third_party_imports(ROOT / "operator")
-    server = _third_party_imports(ROOT / "server")
+    server = _third_party_imports(ROOT / "server", skip=BENCH)
+    bench = _third_party_imports(BENCH)
     # The CLI's "install this extra" check looks for exactly these.
     assert operator == set(OPERATOR_MODULES)
     assert server == set(SERVER_MODULES)
+    assert bench == set(BENCH_MODULES)
     assert operator <= _importable("operator"), "imported but not installed by kvpilot[operator]"
     assert server <= _importable("server"), "imported but not installed by kvpilot[server]"
+    assert bench <= _importable("bench"), "imported but not installed by kvpilot[bench]"
     heavy = {"torch", "transformers", "starlette", "uvicorn", "safetensors"}
     assert not heavy & _importable("operator"), "kvpilot[operator] would install the engine"
+    assert not heavy & _importable("bench"), "kvpilot[bench] would install the engine"
     assert _importable(None) == OURS | {"sitecustomize", "usercustomize"}  # base: nothing
 
 
@@ -172,6 +188,8 @@ def test_the_wheel_holds_the_packages_and_no_test_support(tmp_path):
     assert top == OURS, top
     assert "kvpilot_server/models/builtin.py" in names  # the folder the tiny models left
     assert "kvpilot_operator/modeldeployments.kvpilot.dev.yaml" in names
+    for data in ("report.schema.json", "workload.schema.json", "presets/mixed.yaml"):
+        assert f"kvpilot_server/bench/{data}" in names  # kvpilot bench reads them at run time
     assert not [n for n in names if "tiny" in n or "testing" in n]
 
 
@@ -302,6 +320,65 @@ def test_engine_commands_without_the_server_extra_name_it_in_one_line(tmp_path, 
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"kvpilot {command[0]}: {hidden.split(',')[0]}")
     assert lines[0].endswith("install the server extra: pip install 'kvpilot[server]'")
+
+
+def test_bench_without_its_extra_names_it_in_one_line(tmp_path):
+    env = _hiding_env(tmp_path, hide={"matplotlib"})
+    result = _python(env, "-m", "kvpilot_server.cli", "bench", "--url", "http://127.0.0.1:9")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        "kvpilot bench: matplotlib not installed; "
+        "install the bench extra: pip install 'kvpilot[bench]'"
+    ]
+
+
+def test_bench_runs_with_only_its_extra_installed(tmp_path, tiny_dir):
+    """Every bench module imports and `kvpilot bench` measures a live server (a tiny model,
+    started normally) in a Python that can import only the standard library and what
+    kvpilot[bench] installs: no torch, no transformers, no starlette."""
+    env = _hiding_env(tmp_path, allow_only=_importable("bench"))
+    modules = sorted(p.stem for p in BENCH.glob("*.py"))
+    check = textwrap.dedent(
+        f"""
+        import importlib, sys
+        for name in {modules!r}:
+            importlib.import_module("kvpilot_server.bench." + name)
+        heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
+        assert not heavy, heavy
+        """
+    )
+    result = _python(env, "-c", check)
+    assert result.returncode == 0, result.stderr
+    proc, base = start_tiny_server(tiny_dir("llama"))
+    try:
+        report = tmp_path / "report.json"
+        result = _python(
+            env,
+            "-m",
+            "kvpilot_server.cli",
+            "bench",
+            "--url",
+            base,
+            "--workload",
+            "chat",
+            "--rate",
+            "4",
+            "--duration",
+            "2",
+            "--no-progress",
+            "--json-out",
+            str(report),
+            "--plot-out",
+            str(tmp_path / "plot.png"),
+            timeout=120,
+        )
+    finally:
+        stop_server(proc)
+    assert result.returncode == 0, result.stderr
+    totals = json.loads(report.read_text())["runs"][0]["totals"]
+    assert totals["sent"] > 0 and totals["ok"] > 0
+    tried = {m.partition(".")[0] for m in _hidden(tmp_path)}
+    assert not {"torch", "transformers", "starlette"} & tried, tried
 
 
 def test_operator_without_its_extra_names_it_in_one_line(tmp_path):

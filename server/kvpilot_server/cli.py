@@ -114,6 +114,22 @@ def build_parser() -> argparse.ArgumentParser:
     from kvpilot_operator.main import add_operator_args
 
     add_operator_args(operator)
+
+    bench = commands.add_parser(
+        "bench",
+        help="capacity test of any OpenAI-compatible server: latency percentiles, goodput, "
+        "plots, the rate one replica sustains and autoscaling targets",
+        description="Send a mixed workload (request classes with length distributions, "
+        "streaming, cancellations and service tiers under an arrival process) to an "
+        "OpenAI-compatible server (kvpilot, vLLM, TGI, llama.cpp) and report TTFT, inter-token "
+        "and end-to-end percentiles per class, throughput, goodput against an SLO and errors by "
+        "kind, as tables, JSON and PNG plots. --sweep raises the rate until the SLO breaks and "
+        "recommends a ModelDeployment's autoscaling targets; --compare runs the same requests "
+        "against a second server. See docs/bench.md.",
+    )
+    from kvpilot_server.bench.cli import add_bench_args
+
+    add_bench_args(bench)
     return parser
 
 
@@ -140,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvpilot_server.evaluate import run_eval
 
         return run_eval(args)
+    if args.command == "bench":
+        from kvpilot_server.bench.cli import run_bench
+
+        return run_bench(args)
     if args.command == "generate":
         from kvpilot_server.generate import run_generate
 

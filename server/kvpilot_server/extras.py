@@ -7,7 +7,8 @@ them equal to the imports in server/ and operator/)."""
 
 import importlib.util
 
-# What server/kvpilot_server imports beyond the standard library (engine, serve, generate, eval).
+# What server/kvpilot_server imports beyond the standard library (engine, serve, generate, eval;
+# bench/ aside).
 SERVER_MODULES = (
     "torch",
     "transformers",
@@ -24,12 +25,25 @@ SERVER_MODULES = (
 # What operator/kvpilot_operator imports beyond the standard library and kvpilot_server's pure
 # modules.
 OPERATOR_MODULES = ("kopf", "lightkube", "yaml", "prometheus_client", "httpx")
+# What server/kvpilot_server/bench (`kvpilot bench`, the load tester: no torch) imports; it also
+# reads servers' /metrics through kvpilot_operator.observe, which needs only prometheus_client.
+BENCH_MODULES = (
+    "httpx",
+    "yaml",
+    "jsonschema",
+    "numpy",
+    "matplotlib",
+    "tqdm",
+    "prometheus_client",
+    "tokenizers",
+)
 
 NEEDS = {
     "serve": ("server", SERVER_MODULES),
     "generate": ("server", SERVER_MODULES),
     "eval": ("server", SERVER_MODULES),
     "operator": ("operator", OPERATOR_MODULES),
+    "bench": ("bench", BENCH_MODULES),
 }
 
 
