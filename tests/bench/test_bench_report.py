@@ -82,6 +82,10 @@ def test_report_validates_against_the_schema(tmp_path):
     assert totals["sent"] == totals["ok"] + totals["cancelled"] + sum(totals["errors"].values())
     assert totals["errors"]["rejected"] == 6
     assert set(rep["classes"]) == {"chat", "summarize", "batch"}
+    # Every request is in the report as measured; errors carry no latency of their own kind.
+    assert [r["index"] for r in rep["requests"]] == list(range(30))
+    rejected = [r for r in rep["requests"] if r["outcome"] == "http_429"]
+    assert len(rejected) == 6 and all(r["ttft_ms"] is None for r in rejected)
     # The schema is a contract: it refuses a report that breaks it.
     broken = json.loads(json.dumps(doc))
     broken["runs"][0]["totals"]["outcomes"]["weird"] = 1

@@ -32,6 +32,11 @@ def _cdf(ax, seconds: list[float], color: str, style: str, label: str) -> None:
     )
 
 
+def _span(ax) -> tuple[float, float]:
+    xs = [x for line in ax.lines for x in np.atleast_1d(line.get_xdata()) if np.isfinite(x)]
+    return (min(xs), max(xs)) if xs else (0.0, 0.0)
+
+
 def plot_runs(results: list[RunResult], reports: list[dict], path: str) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     (ttft_ax, e2e_ax), (tput_ax, flight_ax) = axes
@@ -78,6 +83,9 @@ def plot_runs(results: list[RunResult], reports: list[dict], path: str) -> None:
         if limit is not None:
             ax.axvline(limit, color="grey", linestyle=":", label=f"SLO {limit:g} ms")
         ax.set(title=title, xlabel="ms", ylabel="share of requests", ylim=(0, 1.02))
+        low, high = _span(ax)
+        if low > 0 and high / low > 50:  # tails a decade or more away: a log axis shows both
+            ax.set_xscale("log")
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7, loc="lower right")

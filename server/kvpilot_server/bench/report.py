@@ -10,6 +10,7 @@ import jsonschema
 import numpy as np
 
 from kvpilot_server.bench import stats
+from kvpilot_server.bench.client import Record
 from kvpilot_server.bench.runner import RunResult
 
 SCHEMA_PATH = Path(__file__).parent / "report.schema.json"
@@ -26,8 +27,10 @@ def validate(document: dict) -> None:
     jsonschema.validate(document, schema())
 
 
-def run_report(result: RunResult, slo: stats.Slo, bin_s: float = 1.0) -> dict:
+def run_report(result: RunResult, slo: stats.Slo, bin_s: float | None = None) -> dict:
+    """bin_s: the timeline's resolution (default: 1 s, coarser to keep about 60 bins)."""
     records, duration, workload = result.records, result.duration_s, result.workload
+    bin_s = bin_s or max(1.0, float(round(duration / 60)))
     lags = np.array([r.lag for r in records]) * 1000.0 if records else np.zeros(1)
     return {
         "label": result.endpoint.label,
@@ -59,7 +62,31 @@ def run_report(result: RunResult, slo: stats.Slo, bin_s: float = 1.0) -> dict:
         },
         "server": result.server,
         "timeline": stats.timeline(records, duration, bin_s),
+        "requests": [_request(r) for r in records],
     }
+
+
+def _request(rec: Record) -> dict:
+    """One request as measured (inter-token gaps summarized: the report's ITL has them all)."""
+    return {
+        "index": rec.index,
+        "class": rec.cls,
+        "stream": rec.stream,
+        "sent_at_s": rec.sent_at,
+        "outcome": rec.outcome,
+        "status": rec.status,
+        "ttft_ms": _ms(rec.ttft),
+        "e2e_ms": _ms(rec.e2e),
+        "itl_mean_ms": _ms(sum(rec.itl) / len(rec.itl)) if rec.itl else None,
+        "tokens_in": rec.tokens_in,
+        "tokens_out": rec.tokens_out,
+        "clamped": rec.clamped,
+        "error": rec.error,
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
 
 
 def document(mode: str, runs: list[dict], sweep: dict | None = None) -> dict:
