@@ -202,5 +202,6 @@ def test_sweep_finds_a_rate_and_recommends_targets(small_server, tmp_path):
     assert rec["latencyMetric"] == "EndToEnd" and 1 <= rec["targetLatencyP95Milliseconds"] <= 5000
     assert rec["targetQueueDepth"] >= 1
     assert "targetLatencyP95Milliseconds:" in done.stdout and "sustainable:" in done.stdout
+    assert "rate 1 req/s: sent " in done.stderr  # one line per step while it runs
     with Image.open(tmp_path / "s.png") as image:
         assert image.format == "PNG"

@@ -143,7 +143,7 @@ async def _stream(
                     rec.itl.append(now - last)
                 last, pieces = now, pieces + 1
                 rec.tokens_out = max(rec.tokens_out, pieces)
-            if cancel_after_tokens is not None and pieces >= cancel_after_tokens:
+            if cancel_after_tokens is not None and pieces >= cancel_after_tokens and not finished:
                 rec.outcome, rec.e2e = "cancelled", time.perf_counter() - start
                 return  # closing the response closes the connection mid-stream
         rec.e2e = time.perf_counter() - start

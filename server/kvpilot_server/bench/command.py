@@ -30,7 +30,7 @@ class BenchError(Exception):
 def main(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_main(args))
-    except (BenchError, WorkloadError, ValueError) as exc:
+    except (BenchError, WorkloadError, ValueError, httpx.HTTPError) as exc:
         print(f"kvpilot bench: {exc}", file=sys.stderr)
         return 2
 
@@ -151,7 +151,7 @@ async def _main(args: argparse.Namespace) -> int:
         async def step(rate: float) -> tuple:
             wl = workload.with_rate(rate).with_limits(duration_s=options_s.step_duration_s)
             result, rep = await run_at(first, wl, f"{rate:g} req/s")
-            print(f"rate {rate:g} req/s: " + report.table(rep).splitlines()[2], file=sys.stderr)
+            print(f"rate {rate:g} req/s: {report.one_line(rep)}", file=sys.stderr)
             return result, rep
 
         steps, section = await sweep(step, options_s, slo)

@@ -112,6 +112,17 @@ def _errors(summary: dict) -> str:
     return ", ".join(parts) or "-"
 
 
+def one_line(report: dict) -> str:
+    """A run in one line: what a sweep prints per step."""
+    t = report["totals"]
+    p95 = {key: (t[key] or {}).get("p95") for key in ("ttft_ms", "e2e_ms")}
+    return (
+        f"sent {t['sent']}, ok {t['ok']}, goodput {_share(t['goodput']['share'])}, "
+        f"p95 TTFT {_f(p95['ttft_ms'])} ms, p95 E2E {_f(p95['e2e_ms'])} ms, "
+        f"errors: {_errors(t)}"
+    )
+
+
 def table(report: dict) -> str:
     """Counts and throughput per class, then latency percentiles per class."""
     w, slo = report["workload"], report["slo"]

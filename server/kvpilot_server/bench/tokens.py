@@ -91,9 +91,8 @@ async def probe(
             r = await http.post(f"{root}/tokenize", json=shape.body(model, "Hello world"))
             if r.status_code == 404:
                 break  # no /tokenize at all
-            if r.status_code != 200:
+            if r.status_code != 200 or shape.parse(r.json()) < 1:
                 continue  # another server's body shape
-            shape.parse(r.json())
         except (httpx.HTTPError, ValueError):
             continue
         counter = ServerCounter(http, root, model, shape)
