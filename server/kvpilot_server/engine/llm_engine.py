@@ -1,8 +1,9 @@
 """The synchronous engine: admit requests, run steps, hand back outputs.
 
-One step = schedule -> run the model -> sample -> detokenize/stop checks. A failure confined to
-one request fails that request only; a failure of the whole step fails the requests in it and
-the engine goes on with the rest.
+One step = schedule -> run the model -> sample -> the scheduler's update (tokens computed, full
+blocks keyed, sampled tokens appended) -> detokenize/stop checks. A failure confined to one
+request fails that request only; a failure of the whole step fails the requests in it and the
+engine goes on with the rest.
 """
 
 import logging
@@ -151,15 +152,15 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         try:
             logits, sampling, prompt_rows = self.runner.run(batch)
-            for seq, n in batch.items():
-                seq.num_computed_tokens += n
-                self.pool.commit_full_blocks(seq)
             samples = self.sampler.sample(logits[: len(sampling)], sampling)
             for seq, rows, first in prompt_rows:
                 targets = seq.token_ids[first : first + rows.stop - rows.start]
                 k = seq.params.prompt_logprobs or 0
                 found = self.sampler.prompt_logprobs(logits[rows], targets, k)
                 self.requests[seq.request_id].add_prompt_logprobs(first, found)
+            pairs = zip(sampling, samples, strict=True)
+            tokens = {seq: s.token_id for seq, s in pairs if not isinstance(s, Exception)}
+            self.scheduler.update(batch, tokens)
         except Exception as exc:  # the whole step failed: fail its requests, keep serving
             log.exception("engine step failed; failing %d requests", len(batch))
             return [self._fail(self.requests[s.request_id], exc) for s in batch]

@@ -24,7 +24,8 @@ class Request:
     error: Exception | None = None
 
     def append(self, sample: Sample) -> None:
-        """Add one generated token and decide whether the request is done."""
+        """Take in the token the scheduler appended to the sequence (its text, logprobs and
+        timing) and decide whether the request is done."""
         seq, params, metrics = self.seq, self.seq.params, self.metrics
         now = time.monotonic()
         if metrics.last_token_time is None:
@@ -32,7 +33,6 @@ class Request:
         else:
             metrics.inter_token_latencies.append(now - metrics.last_token_time)
         metrics.last_token_time = now
-        seq.token_ids.append(sample.token_id)
         self.delta_token_ids.append(sample.token_id)
         if self.logprobs is not None:
             self.logprobs.append(sample)

@@ -52,6 +52,16 @@ class Scheduler:
             self._schedule_waiting(batch)
         return batch
 
+    def update(self, batch: dict[Sequence, int], tokens: dict[Sequence, int]) -> None:
+        """After the model ran `batch`: count the tokens it computed, key the blocks they filled
+        for the prefix cache, and append to each sequence the token sampled for it (`tokens`
+        holds the sequences whose whole context was computed and whose sampling succeeded)."""
+        for seq, n in batch.items():
+            seq.num_computed_tokens += n
+            self.pool.commit_full_blocks(seq)
+        for seq, token in tokens.items():
+            seq.token_ids.append(token)
+
     def _budget(self, batch: dict[Sequence, int]) -> int:
         return self.max_num_batched_tokens - sum(batch.values())
 

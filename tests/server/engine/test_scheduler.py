@@ -17,13 +17,27 @@ def _seq(n: int, priority=Priority.INTERACTIVE, start: int = 0) -> Sequence:
 
 
 def _step(sched: Scheduler) -> dict[Sequence, int]:
-    """Schedule, then pretend the model ran and sampled one token for finished prefills."""
+    """Schedule, then pretend the model ran and sampled token 0 wherever it reached the end."""
     batch = sched.schedule()
-    for seq, n in batch.items():
-        seq.num_computed_tokens += n
-        if seq.num_computed_tokens == len(seq):
-            seq.token_ids.append(0)
+    sched.update(batch, {s: 0 for s, n in batch.items() if s.num_computed_tokens + n == len(s)})
     return batch
+
+
+def test_update_counts_computed_tokens_keys_full_blocks_and_appends_samples():
+    sched = _scheduler(max_num_batched_tokens=6)
+    seq = _seq(10)
+    sched.add(seq)
+    batch = sched.schedule()
+    sched.update(batch, {})  # a prefill chunk: nothing sampled
+    assert seq.num_computed_tokens == 6 and len(seq) == 10 and seq.num_keyed_blocks == 1
+    batch = sched.schedule()
+    sched.update(batch, {seq: 42})
+    assert seq.num_computed_tokens == 10 and seq.token_ids[-1] == 42 and seq.num_keyed_blocks == 2
+    # The keyed blocks serve a later request with the same prefix.
+    twin = _seq(10)
+    sched.add(twin)
+    batch = sched.schedule()
+    assert batch == {seq: 1, twin: 2} and twin.num_cached_tokens == 8
 
 
 def test_long_prompt_is_prefilled_in_chunks_within_budget():
