@@ -63,6 +63,11 @@ class RequestFailedError(KvpilotError):
     """A request failed inside the engine (HTTP 500); other requests were not affected."""
 
 
+class StepFailedError(KvpilotError, RuntimeError):
+    """A whole engine step failed (the model run or sampling), and every request in it with it;
+    the cause is chained. The engine itself goes on serving."""
+
+
 class UnavailableError(KvpilotError):
     """This replica cannot take the request now; another one may (HTTP 503)."""
 

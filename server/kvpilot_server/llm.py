@@ -7,6 +7,7 @@ from tqdm import tqdm
 
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.llm_engine import LLMEngine
+from kvpilot_server.errors import StepFailedError
 from kvpilot_server.outputs import RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
 
@@ -49,11 +50,15 @@ class LLM:
         return self.generate(prompts, params, use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Raises StepFailedError if a whole step failed: outputs without their completions
+        would pass for answers. A request that failed alone comes back with its error set."""
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="Generating", unit="req", disable=not use_tqdm)
         try:
             while len(done) < len(ids):
                 for output in self.engine.step():
+                    if isinstance(output.error, StepFailedError):
+                        raise output.error
                     if output.finished:
                         done[output.request_id] = output
                         bar.update()

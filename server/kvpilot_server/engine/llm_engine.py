@@ -2,8 +2,8 @@
 
 One step = schedule -> run the model -> sample -> the scheduler's update (tokens computed, full
 blocks keyed, sampled tokens appended) -> detokenize/stop checks. A failure confined to one
-request fails that request only; a failure of the whole step fails the requests in it and the
-engine goes on with the rest.
+request fails that request only; a failure of the whole step fails the requests in it with a
+StepFailedError and the engine goes on with the rest.
 """
 
 import logging
@@ -26,7 +26,12 @@ from kvpilot_server.engine.request import Request
 from kvpilot_server.engine.sampler import Sampler
 from kvpilot_server.engine.scheduler import Scheduler
 from kvpilot_server.engine.sequence import Priority, Sequence
-from kvpilot_server.errors import ConfigError, InvalidRequestError, ModelLoadError
+from kvpilot_server.errors import (
+    ConfigError,
+    InvalidRequestError,
+    ModelLoadError,
+    StepFailedError,
+)
 from kvpilot_server.models.resolve import resolve_model
 from kvpilot_server.outputs import RequestMetrics, RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
@@ -163,7 +168,9 @@ class LLMEngine:
             self.scheduler.update(batch, tokens)
         except Exception as exc:  # the whole step failed: fail its requests, keep serving
             log.exception("engine step failed; failing %d requests", len(batch))
-            return [self._fail(self.requests[s.request_id], exc) for s in batch]
+            error = StepFailedError(f"Engine step failed: {exc}")
+            error.__cause__ = exc
+            return [self._fail(self.requests[s.request_id], error) for s in batch]
         outputs = []
         for seq, sample in zip(sampling, samples, strict=True):
             request = self.requests[seq.request_id]

@@ -1,8 +1,13 @@
-"""After any workload, aborts included, every block is free and cached prefixes still hit."""
+"""After any workload, aborts and failed steps included, every block is free and cached
+prefixes still hit."""
 
+import itertools
 import random
 
+import pytest
+
 from kvpilot_server import LLM, SamplingParams
+from kvpilot_server.errors import StepFailedError
 
 
 def _assert_all_free(llm: LLM) -> None:
@@ -42,3 +47,24 @@ def test_abort_of_a_waiting_request_and_unknown_id(tiny_llm):
     assert final.finished and final.outputs[0].finish_reason == "abort"
     assert engine.abort_request("a") is None and engine.abort_request("never") is None
     _assert_all_free(tiny_llm)
+
+
+def test_a_failed_step_raises_from_generate_and_frees_every_block(tiny_dir, corpus_ids):
+    llm = LLM(str(tiny_dir("llama")), kv_cache_bytes=16 << 20, max_num_seqs=4)
+    engine, run, calls = llm.engine, llm.engine.runner.run, itertools.count()
+
+    def failing_third_step(batch):
+        if next(calls) == 2:  # prompts prefilled, decodes running, more requests waiting
+            raise ValueError("device lost")
+        return run(batch)
+
+    engine.runner.run = failing_third_step
+    prompts = [corpus_ids[i : i + 30] for i in range(0, 300, 30)]
+    with pytest.raises(StepFailedError, match="device lost") as caught:
+        llm.generate(prompts, SamplingParams(max_tokens=16))
+    assert isinstance(caught.value, RuntimeError)
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert not engine.has_unfinished_requests()
+    _assert_all_free(llm)
+    # The engine serves on.
+    assert len(llm.generate(prompts[0], SamplingParams(max_tokens=4))[0].outputs[0].token_ids) == 4
