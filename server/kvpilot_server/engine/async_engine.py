@@ -147,20 +147,22 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._submit(lambda: self._abort(request_id))
 
-    async def _call(self, loop: asyncio.AbstractEventLoop, fn: Callable, *args: Any) -> Any:
-        """Run fn(*args) on the engine thread and await its result or exception."""
+    async def _call(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any
+    ) -> None:
+        """Run fn(*args) on the engine thread and wait until it has; raises what it raised."""
         future = loop.create_future()
 
         def run() -> None:
             try:
-                result = fn(*args)
+                fn(*args)
             except Exception as exc:
-                loop.call_soon_threadsafe(_settle, future, None, exc)
+                loop.call_soon_threadsafe(_settle, future, exc)
             else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                loop.call_soon_threadsafe(_settle, future, None)
 
         self._submit(run)
-        return await future
+        await future
 
     def _submit(self, fn: Callable[[], None]) -> None:
         self._inbox.put(fn)
@@ -259,10 +261,10 @@ def _trimmed(fn: Callable[..., T], *args: Any) -> T:
             _LIBC.malloc_trim(0)
 
 
-def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+def _settle(future: asyncio.Future, exc: Exception | None) -> None:
     if future.cancelled():
         return
     if exc is not None:
         future.set_exception(exc)
     else:
-        future.set_result(result)
+        future.set_result(None)

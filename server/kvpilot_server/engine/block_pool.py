@@ -10,8 +10,6 @@ from dataclasses import dataclass
 
 from kvpilot_server.engine.sequence import Sequence
 
-BlockKey = tuple[int, tuple[int, ...]]
-
 
 @dataclass
 class Block:

@@ -28,9 +28,6 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting[seq.priority].append(seq)
 
-    def has_work(self) -> bool:
-        return bool(self.running) or any(self.waiting.values())
-
     def num_waiting(self, priority: Priority | None = None) -> int:
         queues = self.waiting.values() if priority is None else [self.waiting[priority]]
         return sum(len(q) for q in queues)

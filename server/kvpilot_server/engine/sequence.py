@@ -61,10 +61,6 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
 
-    @property
-    def finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
-
     def sort_key(self) -> tuple[int, float, int]:
         """Scheduling order: class first, then arrival (FIFO within a class)."""
         return (self.priority, self.arrival_time, self.seq_id)
