@@ -26,19 +26,6 @@ SAMPLES = Path(__file__).parents[2] / "crds" / "samples"
 
 
 @pytest.fixture
-def cluster(kube_namespace, tmp_path):
-    log = tmp_path / "operator.log"
-    kube_namespace.start_operator(log)
-    try:
-        kube_namespace.wait_for_operator()
-        yield kube_namespace
-        kube_namespace.delete_model_deployments()
-    finally:
-        kube_namespace.stop_operator()
-        print(log.read_text()[-3000:])  # shown by pytest when the test fails
-
-
-@pytest.fixture
 def node(cluster):
     node = Node(cluster)
     node.start()
