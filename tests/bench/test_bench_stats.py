@@ -139,5 +139,6 @@ def test_timeline_counts_completions_tokens_and_in_flight():
     line = timeline(records, duration_s=3.0, bin_s=1.0)
     assert line["t"] == [0.0, 1.0, 2.0]
     assert line["completed_per_s"] == [0.0, 1.0, 1.0]  # ends at 1.2 and 2.5
-    assert line["output_tokens_per_s"] == [2.0, 1.0, 4.0]  # tokens at 0.5, 0.7 | 1.2 | 2.5 x4
+    # Streamed tokens at 0.5, 0.7 | 1.2; the whole answer's 4 over its life: 1.75 | 2, 2.25, 2.5
+    assert line["output_tokens_per_s"] == [2.0, 2.0, 3.0]
     assert line["in_flight"] == [1, 1, 0]  # at 0.5, 1.5 (sent at 1.5, not the 429) and 2.5

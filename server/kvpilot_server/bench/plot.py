@@ -118,6 +118,10 @@ def plot_sweep(sweep: dict, reports: list[dict], path: str) -> None:
 
     lat_ax.plot(r, series("ttft_ms"), "o-", label="p95 TTFT")
     lat_ax.plot(r, series("e2e_ms"), "s-", label="p95 E2E")
+    if all(rep["server"] for rep in reports):  # what the autoscaler would have seen
+        seen = [rep["server"]["p95_ttft_ms"] for rep in reports]
+        seen_p95 = np.asarray([np.nan if v is None else v for v in seen], dtype=float)[order]
+        lat_ax.plot(r, seen_p95, "o--", color="C0", alpha=0.6, label="p95 TTFT, server buckets")
     slo = reports[0]["slo"]
     for value, name in ((slo["ttft_ms"], "TTFT SLO"), (slo["e2e_ms"], "E2E SLO")):
         if value is not None:
@@ -130,6 +134,7 @@ def plot_sweep(sweep: dict, reports: list[dict], path: str) -> None:
         for ax in (lat_ax, good_ax):
             ax.axvline(sweep["sustainable_rate"], color="C3", alpha=0.5, label="sustainable")
     lat_ax.set(title="p95 latency by offered rate", xlabel="requests/s", ylabel="ms")
+    lat_ax.set_yscale("log")  # TTFT and E2E are often a decade or more apart
     good_ax.set(
         title="Goodput by offered rate", xlabel="requests/s", ylabel="% within SLO", ylim=(0, 102)
     )

@@ -13,7 +13,7 @@ import contextlib
 import datetime
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 from tqdm import tqdm
@@ -134,7 +134,7 @@ async def run(
         if rec.outcome is None:  # closed by the stop
             rec.outcome = "interrupted"
     return RunResult(
-        endpoint=endpoint,
+        endpoint=replace(endpoint, label=label) if label else endpoint,
         workload=workload,
         records=sent,
         planned=len(jobs),

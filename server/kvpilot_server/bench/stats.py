@@ -115,7 +115,9 @@ def summarize(records: list[Record], duration_s: float, slo: Slo) -> dict:
 
 
 def timeline(records: list[Record], duration_s: float, bin_s: float = 1.0) -> dict:
-    """Per bin: completed requests/s, output tokens/s, and requests in flight at its middle."""
+    """Per bin: completed requests/s, output tokens/s (a streamed token when it arrived, a
+    non-streamed answer's tokens spread evenly over its life), and requests in flight at the
+    bin's middle."""
     bins = max(1, int(np.ceil(duration_s / bin_s)))
     edges = np.arange(bins + 1) * bin_s
     ends = np.array([r.sent_at + (r.e2e or 0.0) for r in records])
@@ -128,8 +130,8 @@ def timeline(records: list[Record], duration_s: float, bin_s: float = 1.0) -> di
             continue
         if r.stream and r.ttft is not None:
             token_times += list(r.sent_at + r.ttft + np.cumsum([0.0, *r.itl]))
-        elif r.e2e is not None:
-            token_times += [r.sent_at + r.e2e] * r.tokens_out
+        elif r.e2e is not None and r.tokens_out:  # not streamed: spread over its life
+            token_times += list(np.linspace(r.sent_at, r.sent_at + r.e2e, r.tokens_out + 1)[1:])
     tokens = np.histogram(token_times, edges)[0] / bin_s
     middles = edges[:-1] + bin_s / 2
     in_flight = [int(((starts <= t) & (ends > t)).sum()) for t in middles] if len(starts) else []

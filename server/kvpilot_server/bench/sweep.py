@@ -71,7 +71,7 @@ def recommend(report: dict, slo: Slo) -> dict:
         )
     latency_target = None
     if p95 is not None:
-        latency_target = max(1, math.ceil(p95))
+        latency_target = max(1, math.ceil(round(p95, 3)))  # 600.0000001 from buckets is 600
         if limit is not None and latency_target > limit:
             latency_target = math.floor(limit)
             notes.append(f"p95 {p95:.0f} ms at this rate is above the SLO: target set to the SLO")
