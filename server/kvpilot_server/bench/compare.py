@@ -35,7 +35,8 @@ def side_by_side(reports: list[dict]) -> str:
     """One row per figure, one column per endpoint, and the second's ratio to the first."""
     labels = [r["label"] or r["url"] for r in reports]
     table = [("", *labels, f"{labels[1]} / {labels[0]}")]
-    names = [*reports[0]["classes"], "all"]
+    classes = list(reports[0]["classes"])
+    names = [*classes, "all"] if len(classes) > 1 else classes  # one class: its rows are all
     for name in names:
         a, b = rows(reports[0], name), rows(reports[1], name)
         for (what, va, unit), (_, vb, _) in zip(a, b, strict=True):
