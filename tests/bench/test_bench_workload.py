@@ -167,3 +167,21 @@ def test_jsonl_prompts(tmp_path):
     path.write_text('{"prompt": "ok"}\n{"nothing": 1}\n')
     with pytest.raises(ValueError, match=r"p\.jsonl:2"):
         read_jsonl(str(path))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workload", "nope"], "workload 'nope': no such file and no such preset"),
+        (["--sweep"], "--sweep needs an SLO"),
+        (["--rate", "0"], "--rate must be positive"),
+        (["--sweep", "--slo-e2e-ms", "9", "--compare", "http://x"], "do not go together"),
+        ([], "cannot reach http://127.0.0.1:9"),
+    ],
+)
+def test_mistakes_end_in_one_line(capsys, args, message):
+    from kvpilot_server.cli import main
+
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvpilot bench: ") and message in err and err.count("\n") == 1
