@@ -112,3 +112,14 @@ def kube_namespace(kube, request) -> Iterator[Cluster]:
 
 
 kube_namespaces: list[str] = []  # every name used in this session, for unique new ones
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_dir) -> Iterator[str]:
+    """A live `kvpilot serve` of the tiny llama on 127.0.0.1 for one test module (its base
+    URL), stopped by PID afterwards."""
+    from kvpilot_testing.live_server import start_tiny_server, stop_server
+
+    proc, base = start_tiny_server(tiny_dir("llama"))
+    yield base
+    stop_server(proc)

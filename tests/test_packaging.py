@@ -332,23 +332,28 @@ def test_bench_without_its_extra_names_it_in_one_line(tmp_path):
     ]
 
 
-def test_bench_runs_with_only_its_extra_installed(tmp_path, tiny_dir):
-    """Every bench module imports and `kvpilot bench` measures a live server (a tiny model,
-    started normally) in a Python that can import only the standard library and what
-    kvpilot[bench] installs: no torch, no transformers, no starlette."""
-    env = _hiding_env(tmp_path, allow_only=_importable("bench"))
-    modules = sorted(p.stem for p in BENCH.glob("*.py"))
+def _every_module_imports_light(env: dict, package: str, folder: Path) -> None:
+    """Every module of `package` imports in `env`, and none pulls in torch or transformers."""
+    modules = sorted(p.stem for p in folder.glob("*.py"))
     check = textwrap.dedent(
         f"""
         import importlib, sys
         for name in {modules!r}:
-            importlib.import_module("kvpilot_server.bench." + name)
+            importlib.import_module({package!r} + "." + name)
         heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
         assert not heavy, heavy
         """
     )
     result = _python(env, "-c", check)
     assert result.returncode == 0, result.stderr
+
+
+def test_bench_runs_with_only_its_extra_installed(tmp_path, tiny_dir):
+    """Every bench module imports and `kvpilot bench` measures a live server (a tiny model,
+    started normally) in a Python that can import only the standard library and what
+    kvpilot[bench] installs: no torch, no transformers, no starlette."""
+    env = _hiding_env(tmp_path, allow_only=_importable("bench"))
+    _every_module_imports_light(env, "kvpilot_server.bench", BENCH)
     proc, base = start_tiny_server(tiny_dir("llama"))
     try:
         report = tmp_path / "report.json"
@@ -395,18 +400,7 @@ def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch, kube
     the bundled-model sample to Ready on the real control plane, in a Python that can import only
     the standard library and what kvpilot[operator] installs: no torch, no transformers."""
     env = _hiding_env(tmp_path, allow_only=_importable("operator"))
-    modules = sorted(p.stem for p in (ROOT / "operator" / "kvpilot_operator").glob("*.py"))
-    check = textwrap.dedent(
-        f"""
-        import importlib, sys
-        for name in {modules!r}:
-            importlib.import_module("kvpilot_operator." + name)
-        heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
-        assert not heavy, heavy
-        """
-    )
-    result = _python(env, "-c", check)
-    assert result.returncode == 0, result.stderr
+    _every_module_imports_light(env, "kvpilot_operator", ROOT / "operator" / "kvpilot_operator")
     result = _python(env, "-m", "kvpilot_server.cli", "operator", "--help")
     assert result.returncode == 0 and "--namespace" in result.stdout, result.stderr
 

@@ -45,13 +45,6 @@ BATCH = {
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir):
-    proc, base = start_tiny_server(tiny_dir("llama"))
-    yield base
-    stop_server(proc)
-
-
-@pytest.fixture(scope="module")
 def small_server(tiny_dir):
     """One sequence at a time and one waiting: a burst is mostly refused with 429."""
     proc, base = start_tiny_server(tiny_dir("llama"), "--max-num-seqs", "1", "--max-waiting", "1")
@@ -81,12 +74,12 @@ def _adds_up(summary: dict) -> bool:
     return summary["sent"] == summary["ok"] + summary["cancelled"] + sum(summary["errors"].values())
 
 
-def test_mixed_run_adds_up_and_cancellations_abort_on_the_server(server, tmp_path):
+def test_mixed_run_adds_up_and_cancellations_abort_on_the_server(tiny_server, tmp_path):
     workload = _workload(tmp_path, [CHAT, SUMMARIZE, BATCH], {"process": "poisson", "rate": 6})
-    before = _server_outcomes(server)
+    before = _server_outcomes(tiny_server)
     json_out, png = tmp_path / "r.json", tmp_path / "r.png"
     done, doc = _bench(
-        "--url", f"{server}/v1", "--workload", workload, "--slo-ttft-ms", "2000",
+        "--url", f"{tiny_server}/v1", "--workload", workload, "--slo-ttft-ms", "2000",
         "--json-out", str(json_out), "--plot-out", str(png),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -103,7 +96,7 @@ def test_mixed_run_adds_up_and_cancellations_abort_on_the_server(server, tmp_pat
     # Every cancelled stream was aborted by the server, and nothing else was.
     deadline = time.monotonic() + 15
     while True:
-        after = _server_outcomes(server)
+        after = _server_outcomes(tiny_server)
         aborted = after.get("abort", 0) - before.get("abort", 0)
         if aborted >= totals["cancelled"] or time.monotonic() > deadline:
             break
@@ -139,11 +132,11 @@ def test_429s_are_rejections_not_latencies(small_server, tmp_path):
     assert after.get("rejected", 0) - before.get("rejected", 0) == rejected
 
 
-def test_ctrl_c_stops_cleanly_and_still_reports(server, tmp_path):
+def test_ctrl_c_stops_cleanly_and_still_reports(tiny_server, tmp_path):
     workload = _workload(tmp_path, [CHAT, SUMMARIZE], {"process": "constant", "rate": 4}, 60.0)
     json_out = tmp_path / "r.json"
     command = [sys.executable, "-m", "kvpilot_server.cli", "bench", "--no-progress", "--url",
-               server, "--workload", workload, "--json-out", str(json_out)]  # fmt: skip
+               tiny_server, "--workload", workload, "--json-out", str(json_out)]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(4.0)  # setup (the corpus counted by /tokenize), then a few requests
@@ -162,7 +155,7 @@ def test_ctrl_c_stops_cleanly_and_still_reports(server, tmp_path):
     assert _adds_up(run["totals"]) and run["duration_s"] < 10
 
 
-def test_compare_two_servers_side_by_side(server, small_server, tmp_path):
+def test_compare_two_servers_side_by_side(tiny_server, small_server, tmp_path):
     cls = {
         **CHAT,
         "share": 1,
@@ -170,7 +163,8 @@ def test_compare_two_servers_side_by_side(server, small_server, tmp_path):
     }
     workload = _workload(tmp_path, [cls], {"process": "poisson", "rate": 3}, duration=2.0)
     done, doc = _bench(
-        "--url", server, "--label", "roomy", "--compare", small_server, "--compare-label", "small",
+        "--url", tiny_server, "--label", "roomy",
+        "--compare", small_server, "--compare-label", "small",
         "--workload", workload, "--json-out", str(tmp_path / "c.json"),
         "--plot-out", str(tmp_path / "c.png"),
     )  # fmt: skip

@@ -2,15 +2,6 @@
 
 import pytest
 
-from kvpilot_testing.live_server import start_tiny_server, stop_server
-
-
-@pytest.fixture(scope="module")
-def tiny_server(tiny_dir):
-    proc, base = start_tiny_server(tiny_dir("llama"))
-    yield base
-    stop_server(proc)
-
 
 @pytest.fixture(scope="module")
 def client(tiny_server):
