@@ -115,6 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_operator_args(operator)
 
+    gateway = commands.add_parser(
+        "gateway",
+        help="one OpenAI-compatible endpoint for every ModelDeployment: routing by model, "
+        "load and prefix, requests held while a model scales from zero",
+        description="Serve /v1/chat/completions, /v1/completions and /v1/models for the "
+        "ModelDeployments it watches, routing each request by its `model` to a ready replica "
+        "(by load and prompt prefix) and streaming the answer through. A model with no ready "
+        "replica holds its requests and asks the operator to scale it up. Uses the in-cluster "
+        "service account or $KUBECONFIG. See docs/gateway.md.",
+    )
+    from kvpilot_gateway.options import add_gateway_args
+
+    add_gateway_args(gateway)
+
     bench = commands.add_parser(
         "bench",
         help="capacity test of any OpenAI-compatible server: latency percentiles, goodput, "
@@ -156,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvpilot_server.evaluate import run_eval
 
         return run_eval(args)
+    if args.command == "gateway":
+        from kvpilot_gateway.main import run_gateway
+
+        return run_gateway(args)
     if args.command == "bench":
         from kvpilot_server.bench.cli import run_bench
 

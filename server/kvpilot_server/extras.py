@@ -25,6 +25,9 @@ SERVER_MODULES = (
 # What operator/kvpilot_operator imports beyond the standard library and kvpilot_server's pure
 # modules.
 OPERATOR_MODULES = ("kopf", "lightkube", "yaml", "prometheus_client", "httpx")
+# What gateway/kvpilot_gateway imports beyond the standard library and the torch-free modules of
+# kvpilot_server (the API's error shape and key check) and kvpilot_operator (the CRD's names).
+GATEWAY_MODULES = ("starlette", "uvicorn", "httpx", "lightkube", "yaml", "prometheus_client")
 # What server/kvpilot_server/bench (`kvpilot bench`, the load tester: no torch) imports; it also
 # reads servers' /metrics through kvpilot_operator.observe, which needs only prometheus_client.
 BENCH_MODULES = (
@@ -43,6 +46,7 @@ NEEDS = {
     "generate": ("server", SERVER_MODULES),
     "eval": ("server", SERVER_MODULES),
     "operator": ("operator", OPERATOR_MODULES),
+    "gateway": ("gateway", GATEWAY_MODULES),
     "bench": ("bench", BENCH_MODULES),
 }
 

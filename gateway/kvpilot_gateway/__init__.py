@@ -1,0 +1,1 @@
+"""`kvpilot gateway`: one OpenAI-compatible endpoint for every ModelDeployment it watches."""

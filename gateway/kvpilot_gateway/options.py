@@ -1,0 +1,118 @@
+"""`kvpilot gateway`'s flags and the settings they make. Standard library only: the CLI builds
+its parser before knowing whether the gateway extra is installed."""
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass
+
+ROUTING = ("prefix-load", "least-load", "round-robin")
+
+
+@dataclass(frozen=True)
+class Settings:
+    namespaces: tuple[str, ...] = ()  # () watches every namespace
+    routing: str = "prefix-load"
+    load_factor: float = 1.25  # bounded load: no replica above this times the mean (plus one)
+    prefix_chars: int = 1024  # how much of the prompt's start picks the replica
+    max_held_per_model: int = 64
+    max_held: int = 512
+    hold_timeout: float = 300.0
+    scrape_interval: float = 1.0
+    upstream_connect_timeout: float = 5.0
+    retries: int = 2  # other replicas tried when one fails before answering
+    gateway_id: str = "gateway"
+    api_keys: tuple[str, ...] = ()
+
+
+def add_gateway_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch ModelDeployments in this namespace (repeatable; default: every namespace)",
+    )
+    parser.add_argument(
+        "--routing",
+        choices=ROUTING,
+        default="prefix-load",
+        help="prefix-load: the replica that caches the prompt's start, unless it is loaded "
+        "beyond --load-factor (consistent hashing with bounded load); least-load: the least "
+        "loaded replica; round-robin: in turn, for comparison",
+    )
+    parser.add_argument(
+        "--load-factor",
+        type=float,
+        default=1.25,
+        help="with prefix-load: a replica takes a conversation only while its load stays under "
+        "this times the mean load (plus one)",
+    )
+    parser.add_argument(
+        "--prefix-chars",
+        type=int,
+        default=1024,
+        help="characters of the prompt's start (system prompt, earlier turns) hashed for "
+        "prefix affinity",
+    )
+    parser.add_argument(
+        "--max-held-per-model",
+        type=int,
+        default=64,
+        help="requests held for one model while it has no ready replica; more get 429",
+    )
+    parser.add_argument(
+        "--max-held", type=int, default=512, help="requests held in all; more get 429"
+    )
+    parser.add_argument(
+        "--hold-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a request waits for its model to start; then 503",
+    )
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=1.0,
+        help="seconds between reads of every replica's /metrics (load for routing)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="other replicas tried when one fails before sending its first byte",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        help="file of API keys clients must send (also: KVPILOT_API_KEYS=key1,key2); "
+        "/health, /ready and /metrics stay open",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to let in-flight requests finish after SIGTERM",
+    )
+    parser.add_argument(
+        "--gateway-id",
+        default=os.environ.get("POD_NAME") or socket.gethostname(),
+        help="this replica's name in the held-requests annotation (default: $POD_NAME, "
+        "else the host name)",
+    )
+
+
+def settings(args: argparse.Namespace, api_keys: list[str]) -> Settings:
+    return Settings(
+        namespaces=tuple(args.namespace),
+        routing=args.routing,
+        load_factor=args.load_factor,
+        prefix_chars=args.prefix_chars,
+        max_held_per_model=args.max_held_per_model,
+        max_held=args.max_held,
+        hold_timeout=args.hold_timeout,
+        scrape_interval=args.scrape_interval,
+        retries=args.retries,
+        gateway_id=args.gateway_id,
+        api_keys=tuple(api_keys),
+    )
