@@ -1,8 +1,8 @@
 """Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}; never a traceback."""
 
 from http import HTTPStatus
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from kvpilot_server.errors import (
@@ -15,6 +15,9 @@ from kvpilot_server.errors import (
     RequestTimeoutError,
     UnavailableError,
 )
+
+if TYPE_CHECKING:  # the gateway answers in this shape too, and has no pydantic
+    from pydantic import ValidationError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -42,7 +45,7 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def from_validation(exc: ValidationError) -> JSONResponse:
+def from_validation(exc: "ValidationError") -> JSONResponse:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or None
     if first["type"] == "json_invalid":
