@@ -21,6 +21,15 @@ PREFIX_CACHE_QUERIES = "kvpilot_prefix_cache_queries_total"  # vllm:prefix_cache
 PREFIX_CACHE_HITS = "kvpilot_prefix_cache_hits_total"  # vllm:prefix_cache_hits_total
 ENGINE_INFO = "kvpilot_engine_info"  # vllm:cache_config_info
 
+# The same state under vLLM's own names, for consumers that cannot be pointed at ours: the
+# Gateway API Inference Extension's endpoint picker reads these by default, and KEDA recipes
+# written for vLLM query them. Gauges carry vLLM's labels model_name and engine; the cache
+# info carries block_size and num_gpu_blocks (what the endpoint picker parses) and engine.
+VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"  # kvpilot_requests_waiting summed
+VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"  # kvpilot_requests_running summed
+VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # a 0-1 fraction despite the name
+VLLM_CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
 # Seconds; vLLM's TTFT buckets extended so a p95 between 5 ms and 60 s interpolates well.
 LATENCY_BUCKETS = (
     0.005,
@@ -55,3 +64,13 @@ OPERATOR_SCALE_EVENTS = "kvpilot_operator_scale_events_total"
 OPERATOR_SCRAPE_FAILURES = "kvpilot_operator_scrape_failures_total"
 OPERATOR_RECONCILE_ERRORS = "kvpilot_operator_reconcile_errors_total"
 OPERATOR_RECONCILE_SECONDS = "kvpilot_operator_reconcile_duration_seconds"
+
+# Gateway metrics (kvpilot gateway), labels namespace and model (the ModelDeployment's name).
+GATEWAY_REQUESTS = "kvpilot_gateway_requests_total"  # and outcome
+GATEWAY_UNROUTED = "kvpilot_gateway_unrouted_requests_total"  # reason; no model label
+GATEWAY_HELD = "kvpilot_gateway_requests_held"
+GATEWAY_HOLD_SECONDS = "kvpilot_gateway_hold_seconds"  # and outcome
+GATEWAY_IN_FLIGHT = "kvpilot_gateway_requests_in_flight"
+GATEWAY_UPSTREAM_SECONDS = "kvpilot_gateway_upstream_latency_seconds"
+GATEWAY_ROUTING = "kvpilot_gateway_routing_decisions_total"  # and reason
+GATEWAY_RETRIES = "kvpilot_gateway_upstream_retries_total"

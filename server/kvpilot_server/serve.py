@@ -64,7 +64,7 @@ def _serve(args: argparse.Namespace, engine, model: str, keys: list[str]) -> int
         access_log=False,
         http=with_header_timeout(args.header_timeout),
     )
-    server = _draining_server()(config, app.state.admission, args.drain_timeout)
+    server = draining_server()(config, app.state.admission, args.drain_timeout)
     try:
         server.run()
     except SystemExit:  # uvicorn exits this way when it cannot start (it logged why)
@@ -80,7 +80,9 @@ def _cannot_start(reason: str, exc: Exception) -> int:
     return 1
 
 
-def _draining_server():
+def draining_server():
+    """uvicorn's Server with a drain; `admission` is anything with `draining` and `in_flight`
+    (the gateway drains the same way)."""
     import uvicorn
 
     class DrainingServer(uvicorn.Server):

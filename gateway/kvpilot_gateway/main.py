@@ -1,0 +1,111 @@
+"""`kvpilot gateway`: settings from the flags, the watches, the load scraper and the announcer
+started with the app and stopped with it, uvicorn with the server's drain (on SIGTERM /ready
+fails and new requests get 503 while in-flight ones, streams included, finish)."""
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+from lightkube import AsyncClient
+from starlette.applications import Starlette
+
+from kvpilot_gateway import options
+from kvpilot_gateway.announce import Announcer
+from kvpilot_gateway.app import State, build_app
+from kvpilot_gateway.load import scrape
+from kvpilot_gateway.watch import Watches
+from kvpilot_server import demand
+
+log = logging.getLogger("kvpilot.gateway")
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from kvpilot_server.api.auth import load_api_keys
+    from kvpilot_server.errors import ConfigError
+
+    try:
+        keys = load_api_keys(args.api_key_file)
+    except ConfigError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    import uvicorn
+
+    from kvpilot_server.serve import draining_server
+
+    settings = options.settings(args, keys)
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    server = draining_server()(config, app.state.gateway, args.drain_timeout)
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits this way when it cannot start (it logged why)
+        if server.started:
+            raise
+        log.error("cannot listen on %s:%s", args.host, args.port)
+        return 1
+    return 0
+
+
+def create_app(settings: options.Settings) -> Starlette:
+    # Upstream: no read timeout (a long completion streams for minutes; the replica has its
+    # own request timeout) and no pool limit (the replicas' queues are the bound).
+    upstream = httpx.AsyncClient(
+        timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+    )
+    kube = AsyncClient()
+    announcer = Announcer(kube, settings.gateway_id)
+    state = State(settings, upstream, announcer.set)
+    watches = Watches(kube, state.catalog, settings.namespaces)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        watches.start()
+        scraper = asyncio.create_task(_scrape_forever(state))
+        ready = asyncio.create_task(_when_synced(state, watches, announcer))
+        try:
+            yield
+        finally:
+            for task in (scraper, ready):
+                task.cancel()
+            await watches.stop()
+            await announcer.stop()
+            await upstream.aclose()
+            await kube.close()
+
+    app = build_app(state)
+    app.router.lifespan_context = lifespan
+    app.state.gateway = state  # the drain reads `draining` and `in_flight`
+    return app
+
+
+async def _when_synced(state: State, watches: Watches, announcer: Announcer) -> None:
+    await watches.synced.wait()
+    state.synced = True
+    # A restarted gateway (same pod name) may have left a count of requests it no longer
+    # holds: say zero now rather than let the operator count them until they go stale.
+    now = time.time()
+    for model in list(state.catalog.models.values()):
+        mine = {k: v for k, v in model.annotations.items() if k == announcer.key}
+        if demand.read(mine, now).held and model.key not in announcer.counts:
+            announcer.set(model.key, 0)
+
+
+async def _scrape_forever(state: State) -> None:
+    """Every replica's /metrics each interval: the load the balancer weighs."""
+    interval = state.settings.scrape_interval
+    async with httpx.AsyncClient(timeout=max(0.5, min(2.0, interval))) as client:
+        while True:
+            catalog = state.catalog
+            endpoints = {e for m in catalog.models.values() for e in catalog.endpoints(m.key)}
+            state.loads.keep_only(endpoints)
+            try:
+                await scrape(client, endpoints, state.loads)
+            except Exception as exc:  # never let one bad pass stop routing by load
+                log.warning("scrape pass failed: %r", exc)
+            await asyncio.sleep(interval)
