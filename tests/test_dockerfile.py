@@ -241,14 +241,30 @@ def test_pins_match_the_project():
         args = dict(a.partition("=")[::2] for k, a in STAGES[stage].instructions if k == "ARG")
         assert args["TORCH_VERSION"] == torch, stage
         assert args["SMOLLM2_VERSION"] == smollm2, stage
-    # Each side installs its own extra; the operator's has no torch.
+    # Each side installs its own extra; the operator image carries the gateway too (the chart
+    # runs `kvpilot gateway` from it), and neither of their extras has torch.
     installs = {
         name: re.findall(r"/src\[([\w,]+)\]", " ".join(a for k, a in s.instructions if k == "RUN"))
         for name, s in STAGES.items()
     }
-    assert installs["operator-build"] == ["operator"]
+    assert installs["operator-build"] == ["operator,gateway"]
     assert installs["server-build"] == installs["server-cpu-build"] == ["server"]
-    assert not [r for r in extras["operator"] if r.startswith("torch")]
+    for extra in ("operator", "gateway"):
+        assert not [r for r in extras[extra] if r.startswith("torch")], extra
+
+
+def test_every_build_stage_copies_every_package_folder():
+    """pip builds the wheel from /src: a stage missing a folder that setuptools' packages.find
+    names ships without that package (or fails), whichever extra it installs."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = pyproject["tool"]["setuptools"]["packages"]["find"]["where"]
+    assert "gateway" in folders
+    for stage in ("operator-build", "server-build", "server-cpu-build"):
+        copied = {a.split()[-1] for k, a in STAGES[stage].instructions if k == "COPY"}
+        assert {f"/src/{folder}" for folder in folders} <= copied, stage
+    # The operator image's build runs both commands it is deployed with.
+    runs = " ".join(a for k, a in STAGES["operator-build"].instructions if k == "RUN")
+    assert "kvpilot operator --help" in runs and "kvpilot gateway --help" in runs
 
 
 def _ignore_rules() -> list[tuple[bool, re.Pattern]]:
@@ -305,6 +321,7 @@ def test_dockerignore_keeps_out_venv_git_caches_and_strays():
         ".hypothesis/examples/a",
         "server/kvpilot_server/__pycache__/cli.cpython-311.pyc",
         "operator/kvpilot_operator/__pycache__/render.cpython-312.pyc",
+        "gateway/kvpilot_gateway/__pycache__/options.cpython-312.pyc",
         "kvpilot.egg-info/PKG-INFO",
         "build/lib/kvpilot_server/cli.py",
         "bench-results/run.json",
