@@ -6,6 +6,9 @@ again when the daemon stops).
 
 What stabilization needs (recent recommendations, last decisions) lives in status.autoscaling,
 so an operator restart continues where it left off instead of scaling on a fresh memory.
+
+Requests held at the gateways come from the object's own annotations (kvpilot_server.demand):
+read every step, they are also how a missed wake (wake.py) still happens within an interval.
 """
 
 import asyncio
@@ -18,10 +21,11 @@ from lightkube.types import PatchType
 
 from kvpilot_operator import children, crd, metrics
 from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, ModelDeploymentResource, cluster
-from kvpilot_operator.decide import Decision, Inputs, decide
+from kvpilot_operator.decide import HELD, Decision, Inputs, decide, queue_depth
 from kvpilot_operator.engine_flags import PORT
 from kvpilot_operator.observe import Window, observe, parse
 from kvpilot_operator.status import timestamp
+from kvpilot_server import demand
 
 SCRAPE_TIMEOUT_S = 2.0
 DECISIONS_KEPT = 10
@@ -91,6 +95,7 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
     window.keep_only(p for p, t in texts.items() if t is not None)
     failures = sum(1 for t in texts.values() if t is None)
     observed = observe(window, now)
+    wanted = demand.read(meta.get("annotations"), now)
     inputs = Inputs(
         current=spec["replicas"],
         starting=len(pods) - len(ready),
@@ -99,6 +104,8 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
         queue_per_replica=observed.queue_per_replica if observed else None,
         p95_ms=observed.p95_seconds * 1000 if observed and observed.p95_seconds else None,
         finished=observed.finished if observed else 0.0,
+        held=wanted.held,
+        last_demand=wanted.last,
     )
     state = md.get("status", {}).get("autoscaling", {})
     history = [(float(t), int(r)) for t, r in state.get("recommendations", [])]
@@ -107,8 +114,9 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
     labels = (namespace, name)
     metrics.scrape_failures.labels(*labels).inc(failures)
     metrics.max_replicas.labels(*labels).set(scaling["maxReplicas"])
-    if inputs.queue_per_replica is not None:
-        metrics.queue.labels(*labels).set(inputs.queue_per_replica)
+    queue = queue_depth(inputs)
+    if queue is not None:
+        metrics.queue.labels(*labels).set(queue)
     if inputs.p95_ms is not None:
         metrics.p95.labels(*labels).set(inputs.p95_ms / 1000)
     return decision
@@ -120,15 +128,15 @@ def record(
     """status.autoscaling after a step: what was observed, the recommendation history, the
     last decisions and whether the bounds clamped it. The autoscaler writes only this;
     status.status() turns `limited` into the ScalingLimited condition, so status.conditions
-    keeps one writer."""
+    keeps one writer. queueDepth is what decide() saw: the gateways' held requests included."""
+    queue = queue_depth(inputs)
     observed = {
         "time": timestamp(now),
         "pods": pods,
         "readyPods": ready,
         "scrapeFailures": inputs.scrape_failures,
-        "queueDepth": None
-        if inputs.queue_per_replica is None
-        else round(inputs.queue_per_replica, 2),
+        "queueDepth": None if queue is None else round(queue, 2),
+        "heldRequests": inputs.held,
         "p95Milliseconds": None if inputs.p95_ms is None else round(inputs.p95_ms),
     }
     result: dict[str, Any] = {
@@ -150,26 +158,39 @@ def record(
     return result
 
 
+def cause(reason: str) -> str:
+    """The scale events metric's reason label, from a decision's reason."""
+    if HELD in reason:
+        return "Demand"
+    driver = reason.split(" ", 1)[0]
+    return {"queue": "QueueDepth", "p95": "Latency", "no": "Idle"}.get(driver, "Other")
+
+
+def scale(md: dict, before: int, decision: Decision) -> None:
+    """Set the replicas through the scale subresource (the only writer of spec.replicas while
+    autoscaling is on), with an Event and a count of it."""
+    meta = md["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    cluster().client.patch(
+        ModelDeploymentResource.Scale,
+        name,
+        {"spec": {"replicas": decision.replicas}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    direction = "up" if decision.replicas > before else "down"
+    metrics.scale_events.labels(namespace, name, direction, cause(decision.reason)).inc()
+    kopf.event(md, type="Normal", reason=f"Scaled{direction.title()}", message=decision.reason)
+
+
 def _write(
     md: dict, inputs: Inputs, decision: Decision, state: dict, now: float, pods: int, ready: int
 ) -> None:
     meta = md["metadata"]
     name, namespace, before = meta["name"], meta["namespace"], inputs.current
-    client = cluster().client
     if decision.replicas != before:
-        client.patch(
-            ModelDeploymentResource.Scale,
-            name,
-            {"spec": {"replicas": decision.replicas}},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
-        )
-        direction = "up" if decision.replicas > before else "down"
-        driver = decision.reason.split(" ", 1)[0]
-        why = {"queue": "QueueDepth", "p95": "Latency", "no": "Idle"}.get(driver, "Other")
-        metrics.scale_events.labels(namespace, name, direction, why).inc()
-        kopf.event(md, type="Normal", reason=f"Scaled{direction.title()}", message=decision.reason)
-    client.patch(
+        scale(md, before, decision)
+    cluster().client.patch(
         ModelDeploymentResource.Status,
         name,
         {"status": {"autoscaling": record(state, inputs, decision, now, pods, ready)}},

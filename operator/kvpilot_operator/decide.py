@@ -7,12 +7,18 @@ stabilization window, a scale-down the highest of its own (so one quiet minute d
 burst), and a scale-down needs that window fully observed. Steps are limited; while pods are
 still loading neither direction moves (their effect is not visible yet), missing metrics hold
 scale-down; the result is clamped to min/max, and clamping is reported.
+
+Requests held at a gateway (kvpilot_server.demand) are queue depth like any other: at zero
+replicas they wake the model at once (wake(), also what the gateway's event handler applies),
+above zero they add to the pods' queue. A model a request waited for within the window does
+not go idle: its first requests have not reached its metrics yet.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 Recommendation = tuple[float, int]  # (time, replicas)
+HELD = "held at the gateway"  # in every wake's reason: what the scale events metric labels Demand
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,8 @@ class Inputs:
     queue_per_replica: float | None
     p95_ms: float | None
     finished: float  # requests finished in the window
+    held: int = 0  # requests held at the gateways, waiting for a replica
+    last_demand: float | None = None  # when a gateway last reported; None: never
 
 
 @dataclass(frozen=True)
@@ -39,7 +47,35 @@ def _metric_name(scaling: dict) -> str:
     return "p95 TTFT" if scaling["latencyMetric"] == "TimeToFirstToken" else "p95 latency"
 
 
-def _raw(inputs: Inputs, scaling: dict) -> tuple[int, str]:
+def _requests(held: int) -> str:
+    return f"{held} request{'' if held == 1 else 's'} {HELD}"
+
+
+def wake(current: int, held: int, scaling: dict) -> Decision | None:
+    """At zero replicas with requests held: the replicas to start now, and why (None: stay).
+    No stabilization: every held request waits for the first replica; the periodic
+    autoscaler sizes further once the pods report."""
+    if current != 0 or held <= 0 or not scaling.get("enabled"):
+        return None
+    lo, hi, step = scaling["minReplicas"], scaling["maxReplicas"], scaling["scaleUp"]
+    queue_target = scaling.get("targetQueueDepth")
+    wanted = max(1, math.ceil(held / queue_target) if queue_target else 1)
+    target = min(wanted, current + step["maxStepReplicas"])
+    clamped = min(max(target, lo, 1), hi)
+    reason = f"{_requests(held)}: {current} -> {clamped}"
+    if clamped != target:
+        reason += f" (limited to {lo}..{hi})"
+    return Decision(clamped, wanted, reason, clamped != target, [])
+
+
+def queue_depth(inputs: Inputs) -> float | None:
+    """Waiting requests per scraped replica, the gateways' held ones included."""
+    if not inputs.held:
+        return inputs.queue_per_replica
+    return (inputs.queue_per_replica or 0.0) + inputs.held / max(inputs.pods_scraped, 1)
+
+
+def _raw(inputs: Inputs, scaling: dict, now: float) -> tuple[int, str]:
     """The unstabilized recommendation and what drives it."""
     # Scale from the pods that produced the metrics: replicas still starting add nothing yet.
     current, window = max(inputs.pods_scraped, 1), scaling["windowSeconds"]
@@ -47,12 +83,18 @@ def _raw(inputs: Inputs, scaling: dict) -> tuple[int, str]:
         scaling.get("targetQueueDepth"),
         scaling.get("targetLatencyP95Milliseconds"),
     )
-    idle = inputs.finished == 0 and not inputs.queue_per_replica
+    queue = queue_depth(inputs)
+    wanted = inputs.held > 0 or (
+        inputs.last_demand is not None and now - inputs.last_demand <= window
+    )
+    idle = inputs.finished == 0 and not queue
+    if idle and wanted:
+        return inputs.current, f"no traffic over {window}s yet, but requests waited at the gateway"
     if idle:
         return scaling["minReplicas"], f"no traffic over {window}s"
     ratios: list[tuple[float, str]] = []
-    if queue_target and inputs.queue_per_replica is not None:
-        q = inputs.queue_per_replica
+    if queue_target and queue is not None:
+        q = queue
         ratios.append((q / queue_target, f"queue {q:.1f}/replica vs target {queue_target}"))
     if p95_target and inputs.p95_ms is not None:
         p = inputs.p95_ms
@@ -71,7 +113,8 @@ def _raw(inputs: Inputs, scaling: dict) -> tuple[int, str]:
     # Up: aim at the band's top. Down: aim at its floor, since removing a replica raises the
     # others' load by more than a linear model predicts (a third, going from 4 to 3).
     aim = 1 - tolerance if ratio > 1 - tolerance else 1 - 2 * tolerance
-    return math.ceil(current * ratio / aim), f"{what} over {window}s"
+    # A model wanted at the gateway keeps a replica, whatever its ratios say.
+    return max(math.ceil(current * ratio / aim), 1 if wanted else 0), f"{what} over {window}s"
 
 
 def decide(inputs: Inputs, scaling: dict, history: list[Recommendation], now: float) -> Decision:
@@ -82,13 +125,16 @@ def decide(inputs: Inputs, scaling: dict, history: list[Recommendation], now: fl
         max(up["stabilizationSeconds"], down["stabilizationSeconds"]) + scaling["intervalSeconds"]
     )
     history = [(t, r) for t, r in history if now - t <= keep]
+    woken = wake(current, inputs.held, scaling)
+    if woken is not None:  # the gateway's event handler missed it (or has not run yet)
+        return replace(woken, history=[*history, (now, woken.recommendation)])
     if inputs.pods_scraped == 0:
         failed = inputs.scrape_failures
         why = f"no metrics ({failed} scrapes failed)" if failed else "collecting metrics"
         reason = f"{why}: holding at {current}"
         target = min(max(current, lo), hi)
         return Decision(target, current, reason, target != current, history)
-    raw, why = _raw(inputs, scaling)
+    raw, why = _raw(inputs, scaling, now)
     history = [*history, (now, raw)]
     target, hold = current, "holding"
     if raw > current and inputs.starting:

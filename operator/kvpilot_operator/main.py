@@ -30,7 +30,8 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     import kvpilot_operator.autoscaler
-    import kvpilot_operator.handlers  # noqa: F401 - registers the handlers
+    import kvpilot_operator.handlers
+    import kvpilot_operator.wake  # noqa: F401 - registers the handlers
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON)
     if args.metrics_port:

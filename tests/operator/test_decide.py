@@ -1,12 +1,15 @@
 """decide(), table-driven: step up, noise inside the tolerance, scale-down stabilization, clamps,
-loading pods, scrape failures, idle."""
+loading pods, scrape failures, idle; requests held at the gateway (wake from zero, queue depth,
+no sleep while wanted)."""
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 
-from kvpilot_operator.decide import Inputs, decide
+from kvpilot_operator.decide import Inputs, decide, queue_depth, wake
+from kvpilot_server import demand
 from tests.operator.scaling import scaling
 
 SCALING = scaling(
@@ -132,3 +135,92 @@ def test_a_restart_continues_from_the_history_kept_in_status():
     uninterrupted = decide(quiet, SCALING, history, 150.0)
     assert after_restart == uninterrupted
     assert after_restart.replicas == 6  # the busy minutes still count: no scale-down yet
+
+
+# -- requests held at the gateway (kvpilot_server.demand) ---------------------------------------
+
+ZERO = scaling(
+    minReplicas=0,
+    maxReplicas=5,
+    targetQueueDepth=2,
+    windowSeconds=60,
+    scaleUp={"stabilizationSeconds": 60, "maxStepReplicas": 3},
+)
+
+
+def asleep(held: int = 0, last: float | None = None) -> Inputs:
+    """Zero replicas: no pods, no metrics; only the gateways' word."""
+    return Inputs(0, 0, 0, 0, None, None, 0.0, held=held, last_demand=last)
+
+
+@pytest.mark.parametrize(
+    ("held", "settings", "replicas", "words"),
+    [
+        (1, ZERO, 1, "1 request held at the gateway: 0 -> 1"),
+        (3, ZERO, 2, "3 requests held at the gateway: 0 -> 2"),  # ceil(3 / targetQueueDepth)
+        (40, ZERO, 3, "40 requests held at the gateway: 0 -> 3"),  # the step limit
+        (40, scaling(**{**ZERO, "maxReplicas": 2}), 2, "0 -> 2 (limited to 0..2)"),
+        (5, scaling(targetLatencyP95Milliseconds=500, minReplicas=0), 1, "0 -> 1"),  # no queue
+        (1, scaling(**{**ZERO, "minReplicas": 2}), 2, "0 -> 2 (limited to 2..5)"),
+    ],
+)
+def test_held_requests_wake_a_model_at_zero_at_once(held, settings, replicas, words):
+    woken = wake(0, held, settings)
+    assert woken is not None and woken.replicas == replicas and words in woken.reason
+    # decide() applies the same rule, with no stabilization (it has no history at all here).
+    decision = decide(asleep(held), settings, [], now=1000.0)
+    assert (decision.replicas, decision.reason) == (woken.replicas, woken.reason)
+    assert decision.history == [(1000.0, woken.recommendation)]
+
+
+def test_no_wake_above_zero_without_requests_or_with_autoscaling_off():
+    assert wake(1, 3, ZERO) is None  # already awake: the ordinary autoscaler's business
+    assert wake(0, 0, ZERO) is None
+    assert wake(0, 3, {**ZERO, "enabled": False}) is None  # turned off by its user
+    decision = decide(asleep(), ZERO, [], now=1000.0)
+    assert decision.replicas == 0 and "holding at 0" in decision.reason
+
+
+def test_stale_gateway_entries_do_not_wake():
+    now = 10_000.0
+    annotations = {
+        demand.annotation_key("gone"): demand.encode(4, now - demand.STALE_SECONDS - 1),
+        demand.annotation_key("idle"): demand.encode(0, now),
+    }
+    held = demand.read(annotations, now)
+    assert held == demand.Demand(0, now)
+    assert decide(asleep(held.held, held.last), ZERO, [], now).replicas == 0
+    annotations[demand.annotation_key("live")] = demand.encode(3, now - 5)
+    assert decide(asleep(demand.read(annotations, now).held), ZERO, [], now).replicas == 2
+
+
+def test_held_requests_count_as_queue_depth_above_zero():
+    # Two pods with 1 waiting each: within the band alone; 6 more held at the gateway make
+    # the queue 4 per pod, twice the target.
+    given = Inputs(2, 0, 2, 0, 1.0, None, 50.0, held=6)
+    decision = decide(given, ZERO, [], now=1000.0)
+    assert queue_depth(given) == 4.0
+    assert decision.replicas == 5 and "queue 4.0/replica" in decision.reason
+    assert queue_depth(Inputs(2, 0, 2, 0, None, None, 50.0, held=6)) == 3.0
+
+
+QUIET_ZERO = [(t, 0) for t in range(0, 1000, 15)]  # long enough for any scale-down
+
+
+def test_not_idle_while_requests_are_held_or_were_held_within_the_window():
+    idle = Inputs(1, 0, 1, 0, 0.0, None, 0.0)
+    assert decide(idle, ZERO, QUIET_ZERO, now=1000.0).replicas == 0  # nothing wanted: sleep
+    held = replace(idle, held=1)
+    assert decide(held, ZERO, QUIET_ZERO, now=1000.0).replicas == 1
+    recent = replace(idle, last_demand=1000.0 - 30)  # woken 30 s ago, no metrics of it yet
+    decision = decide(recent, ZERO, QUIET_ZERO, now=1000.0)
+    assert decision.replicas == 1 and "requests waited at the gateway" in decision.reason
+    older = replace(idle, last_demand=1000.0 - 61)  # past the window: idle as ever
+    assert decide(older, ZERO, QUIET_ZERO, now=1000.0).replicas == 0
+
+
+def test_traffic_with_an_empty_queue_keeps_a_replica_while_wanted():
+    # A queue-only target sees ratio 0 with no waiting requests; a model a request just
+    # waited for at the gateway still keeps its replica.
+    serving = Inputs(1, 0, 1, 0, 0.0, None, 20.0, last_demand=990.0)
+    assert decide(serving, ZERO, QUIET_ZERO, now=1000.0).replicas == 1

@@ -1,0 +1,44 @@
+"""Scale from zero the moment a gateway holds a request: a kopf handler on the raw watch of
+ModelDeployments. A gateway's write of its held.gateway.kvpilot.dev annotation arrives here as a
+watch event, so the model starts without waiting for the autoscaler's next interval.
+
+A raw event handler, not on.update/on.field: those would write kopf's diffbase and progress
+annotations back on every gateway write. The rule is decide.wake(), the one the periodic
+autoscaler applies too (it catches whatever this misses: an event lost, a failed patch, an
+operator restart). Once replicas are above zero this no longer fires, so a burst of gateway
+writes scales once. Autoscaling off at zero replicas means the model was turned off: nothing
+wakes it.
+"""
+
+import asyncio
+import time
+from typing import Any
+
+import kopf
+
+from kvpilot_operator import crd
+from kvpilot_operator.autoscaler import scale
+from kvpilot_operator.cluster import RESOURCE
+from kvpilot_operator.decide import Decision, wake
+from kvpilot_server import demand
+
+
+def woken(body: kopf.Body | dict, now: float) -> Decision | None:
+    """What a ModelDeployment as it stands now asks for: replicas to start, or None."""
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return None
+    md = crd.defaulted(body)
+    held = demand.read(md["metadata"].get("annotations"), now).held
+    return wake(md["spec"]["replicas"], held, md["spec"]["autoscaling"])
+
+
+def _asleep_and_wanted(body: kopf.Body, type: str | None = None, **_: Any) -> bool:
+    return type != "DELETED" and woken(body, time.time()) is not None
+
+
+@kopf.on.event(*RESOURCE, when=_asleep_and_wanted)
+async def wake_on_demand(body: kopf.Body, **_: Any) -> None:
+    decision = woken(body, time.time())  # the filter's answer, unless the clock crossed STALE
+    if decision is not None:
+        md = crd.defaulted(body)
+        await asyncio.to_thread(scale, md, md["spec"]["replicas"], decision)
