@@ -3,7 +3,8 @@ current):
 
 - crd/modeldeployments.kvpilot.dev.yaml: a byte copy of crds/modeldeployments.kvpilot.dev.yaml
   (Helm cannot read outside the chart; templates/crd.yaml reads the copy);
-- templates/_permissions.tpl: the RBAC rules, from operator/kvpilot_operator/permissions.py.
+- templates/_permissions.tpl: the RBAC rules of the operator and of the gateway, from
+  operator/kvpilot_operator/permissions.py.
 
 Run: .venv/bin/python charts/kvpilot/generate.py
 """
@@ -42,6 +43,7 @@ def rules_template() -> str:
         ("namespaced", permissions.NAMESPACED),
         ("cluster", permissions.CLUSTER),
         ("clusterWhenNamespaced", permissions.CLUSTER_WHEN_NAMESPACED),
+        ("gateway", permissions.GATEWAY),
     ]:
         out += [f'{{{{- define "kvpilot.rules.{name}" }}}}', *_rules(group), "{{- end }}"]
     return "\n".join(out) + "\n"

@@ -1,6 +1,6 @@
-"""Every Kubernetes API permission the operator needs, as data: the one declaration. The Helm
-chart's RBAC is generated from it (charts/kvpilot/generate.py) and tests/chart checks the
-rendered RBAC against it.
+"""Every Kubernetes API permission the operator and the gateway need, as data: the one
+declaration. The Helm chart's RBAC is generated from it (charts/kvpilot/generate.py) and
+tests/chart checks the rendered RBAC against it.
 
 Derived from the calls the code makes: cluster.py (lightkube: children by server-side apply,
 which the API server checks as `patch`, and as `create` too when the object is missing),
@@ -93,5 +93,29 @@ CLUSTER_WHEN_NAMESPACED = (
         "namespaces",
         ("list", "watch"),
         "kopf's namespace observer, in namespaced mode only",
+    ),
+)
+
+
+# `kvpilot gateway` (gateway/kvpilot_gateway), under its own ServiceAccount: in every namespace it
+# watches (a Role there, or a ClusterRole when watching all namespaces), like NAMESPACED. It reads
+# what to route to and writes only its own annotation: no status, no children, nothing
+# cluster-scoped. No `create`: applying the annotation to a ModelDeployment deleted meanwhile
+# must fail (the API server checks an apply that would create as `create`), not make one.
+GATEWAY = (
+    Permission(
+        KVPILOT,
+        "modeldeployments",
+        ("list", "watch", "patch"),
+        "the models it serves and their served names come from a watch (watch.py); it "
+        "server-side-applies its held.gateway.kvpilot.dev/<gateway id> annotation "
+        "(announce.py, kvpilot_server.demand), which wakes a model scaled to zero",
+    ),
+    Permission(
+        "discovery.k8s.io",
+        "endpointslices",
+        ("list", "watch"),
+        "the ready addresses of each model's Service, watched rather than polled (watch.py; "
+        "only the model Services' slices, by label)",
     ),
 )

@@ -59,6 +59,13 @@ def one(found: list[dict], kind: str) -> dict:
     return obj
 
 
+def component(found: list[dict], name: str) -> list[dict]:
+    """The objects of one part of the release ("operator", "gateway"), by their
+    app.kubernetes.io/component label."""
+    key = "app.kubernetes.io/component"
+    return [o for o in found if (o["metadata"].get("labels") or {}).get(key) == name]
+
+
 def chart_copy(tmp_path: Path, files: dict[str, str] | None) -> Path:
     """The chart without its files/ (dashboards and alert rules), then with `files` written."""
     target = tmp_path / "kvpilot"

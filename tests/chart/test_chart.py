@@ -22,6 +22,7 @@ from kvpilot_testing.helm import (
     MONITORING_API,
     NAMESPACE,
     chart_copy,
+    component,
     notes,
     objects,
     of_kind,
@@ -88,8 +89,13 @@ def _scenarios(tmp_path: Path) -> list[tuple[str, list[dict]]]:
     return found
 
 
+def _operator(found: list[dict], kind: str) -> dict:
+    """The operator's object of that kind (the gateway has its own Deployment, Service...)."""
+    return one(component(found, "operator"), kind)
+
+
 def _operator_pod(found: list[dict]) -> dict:
-    return one(found, "Deployment")["spec"]["template"]["spec"]
+    return _operator(found, "Deployment")["spec"]["template"]["spec"]
 
 
 def _container(found: list[dict]) -> dict:
@@ -146,6 +152,7 @@ def test_every_rendered_object_passes_strict_kubernetes_validation(tmp_path):
                 raise AssertionError(f"{where}: {exc.message}") from None
     expected = "CustomResourceDefinition Deployment Service ServiceAccount ClusterRole"
     expected += " ClusterRoleBinding Role RoleBinding NetworkPolicy ConfigMap Secret"
+    expected += " PodDisruptionBudget"  # the gateway's
     assert kinds == {*expected.split(), *MONITORING_KINDS}
 
 
@@ -217,21 +224,21 @@ def test_command_line_watches_the_scope(scope, namespaces):
     assert args.liveness == f"http://0.0.0.0:{ports['health']}/healthz"
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    service = one(found, "Service")
+    service = _operator(found, "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
     assert _matches(service["spec"]["selector"], _operator_pod_labels(found))
 
 
 def test_one_replica_recreated_under_restricted_pod_security():
     found = objects(render())
-    deployment = one(found, "Deployment")
+    deployment = _operator(found, "Deployment")
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     pod = _operator_pod(found)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert pod["serviceAccountName"] == one(found, "ServiceAccount")["metadata"]["name"]
+    assert pod["serviceAccountName"] == _operator(found, "ServiceAccount")["metadata"]["name"]
     container = _container(found)
     security = container["securityContext"]
     assert security["allowPrivilegeEscalation"] is False
@@ -249,7 +256,11 @@ def test_operator_pod_is_never_selected_as_a_model_pod():
 
 
 def _operator_pod_labels(found: list[dict]) -> dict:
-    return one(found, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    return _operator(found, "Deployment")["spec"]["template"]["metadata"]["labels"]
+
+
+def _gateway_pod_labels(found: list[dict]) -> dict:
+    return one(component(found, "gateway"), "Deployment")["spec"]["template"]["metadata"]["labels"]
 
 
 def _env(container: dict) -> dict[str, str]:
@@ -325,7 +336,7 @@ def test_monitoring_objects_only_where_the_api_is_served_or_asserted():
 
 def test_service_monitor_scrapes_the_operator_metrics_service():
     found = objects(render(MONITORS, api_versions=API))
-    monitor, service = one(found, "ServiceMonitor"), one(found, "Service")
+    monitor, service = _operator(found, "ServiceMonitor"), _operator(found, "Service")
     assert _matches(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     (endpoint,) = monitor["spec"]["endpoints"]
@@ -407,9 +418,13 @@ def test_network_policy_admits_only_clients_the_operator_and_prometheus(values, 
         for p in of_kind(found, "NetworkPolicy")
         if _matches(p["spec"]["podSelector"]["matchLabels"], operator_labels)
     ]
-    policies = [p for p in of_kind(found, "NetworkPolicy") if p is not operator_policy]
-    assert [p["metadata"]["namespace"] for p in policies] == namespaces
     model = one(_model_objects(), "Deployment")["spec"]["template"]
+    policies = [
+        p
+        for p in of_kind(found, "NetworkPolicy")
+        if _matches(p["spec"]["podSelector"]["matchLabels"], model["metadata"]["labels"])
+    ]
+    assert [p["metadata"]["namespace"] for p in policies] == namespaces
     # The operator's pod: Prometheus only, on its metrics port (probes come from the node).
     assert operator_policy["metadata"]["namespace"] == NAMESPACE
     assert operator_policy["spec"]["policyTypes"] == ["Ingress"]
@@ -431,12 +446,14 @@ def test_network_policy_admits_only_clients_the_operator_and_prometheus(values, 
         (port,) = rule["ports"]
         (server,) = model["spec"]["containers"]
         assert {"name": port["port"], "containerPort": PORT, "protocol": "TCP"} in server["ports"]
-        clients, operator, prometheus = rule["from"]
+        clients, operator, gateway, prometheus = rule["from"]
         # Labelled clients of the model's own namespace (no namespaceSelector).
         assert clients == {"podSelector": {"matchLabels": {"kvpilot.dev/client": "true"}}}
         assert _matches(operator["podSelector"]["matchLabels"], operator_labels)
         ns = {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
         assert operator["namespaceSelector"] == ns
+        assert _matches(gateway["podSelector"]["matchLabels"], _gateway_pod_labels(found))
+        assert gateway["namespaceSelector"] == ns
         assert prometheus["podSelector"] == prometheus_pods
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from kvpilot_operator import permissions
-from kvpilot_testing.helm import NAMESPACE, objects, of_kind, one, render
+from kvpilot_testing.helm import NAMESPACE, component, objects, of_kind, one, render
 
 CLUSTER = None  # the scope of a cluster-scoped request, or of a request in every namespace
 ELSEWHERE = "somebody-else"  # a namespace the operator does not watch
@@ -27,11 +27,12 @@ class Grant:
     namespace: str | None  # None: cluster-wide (cluster-scoped objects, or every namespace)
 
 
-def _grants(found: list[dict]) -> set[Grant]:
-    """What the bindings give the operator's ServiceAccount. Wildcards are kept as "*" (and
-    would fail the exactness checks)."""
-    account = one(found, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-    release_namespace = one(found, "Deployment")["metadata"]["namespace"]
+def _grants(found: list[dict], part: str = "operator") -> set[Grant]:
+    """What the bindings give the ServiceAccount of the operator's (or the gateway's) pod.
+    Wildcards are kept as "*" (and would fail the exactness checks)."""
+    deployment = one(component(found, part), "Deployment")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    release_namespace = deployment["metadata"]["namespace"]
     roles = {
         (r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"]): r["rules"]
         for r in of_kind(found, "Role") + of_kind(found, "ClusterRole")
@@ -118,9 +119,10 @@ def test_watching_named_namespaces_grants_only_cluster_scoped_reads_cluster_wide
 
 def test_the_bindings_name_the_operators_service_account_in_the_release_namespace():
     found = objects(render(SCOPES["namespaces"][0]))
-    account = one(found, "ServiceAccount")["metadata"]
+    account = one(component(found, "operator"), "ServiceAccount")["metadata"]
     assert account["namespace"] == NAMESPACE
-    bindings = of_kind(found, "RoleBinding") + of_kind(found, "ClusterRoleBinding")
+    ours = component(found, "operator")
+    bindings = of_kind(ours, "RoleBinding") + of_kind(ours, "ClusterRoleBinding")
     assert len(bindings) == 3  # a and b, and the cluster-scoped reads
     for binding in bindings:
         assert binding["subjects"] == [
@@ -129,8 +131,14 @@ def test_the_bindings_name_the_operators_service_account_in_the_release_namespac
 
 
 def test_rbac_can_be_left_to_someone_else():
-    found = objects(render({"rbac": {"create": False}, "serviceAccount": {"create": False}}))
+    values = {
+        "rbac": {"create": False},
+        "serviceAccount": {"create": False},
+        "gateway": {"serviceAccount": {"create": False}},
+    }
+    found = objects(render(values))
     kinds = {o["kind"] for o in found}
     assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
     assert "ServiceAccount" not in kinds
-    assert one(found, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "default"
+    for deployment in of_kind(found, "Deployment"):
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "default"

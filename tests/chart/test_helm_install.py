@@ -39,11 +39,12 @@ MONITORING_ON = (
 # A release's objects with its defaults, less the CRD (another release's) and the monitoring
 # objects (asked for, but the API server does not serve monitoring.coreos.com/v1).
 SECOND_KINDS = {"ServiceAccount", "Service", "Deployment", "Role", "RoleBinding"}
-SECOND_KINDS |= {"ClusterRole", "ClusterRoleBinding"}
+SECOND_KINDS |= {"ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget"}
 PATHS = {  # where each kind of the release's objects is read back
     "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts/{name}",
     "Service": "/api/v1/namespaces/{ns}/services/{name}",
     "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+    "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}",
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}",
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}",
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}",

@@ -123,3 +123,51 @@ true
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{/* The gateway (`kvpilot gateway`): named like the operator with "gateway" for "operator".
+Its app.kubernetes.io/name is neither the operator's nor the model pods' ("kvpilot"), so no
+Service or policy of theirs selects it. */}}
+{{- define "kvpilot.gateway.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- printf "%s-gateway" .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains "kvpilot" .Release.Name -}}
+{{- printf "%s-gateway" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-kvpilot-gateway" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvpilot.gateway.clusterName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "kvpilot.gateway.fullname" .) -}}
+{{- end -}}
+
+{{- define "kvpilot.gateway.serviceAccountName" -}}
+{{- $account := .Values.gateway.serviceAccount -}}
+{{- if $account.create -}}
+{{- $account.name | default (include "kvpilot.gateway.fullname" .) -}}
+{{- else -}}
+{{- $account.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvpilot.gateway.selectorLabels" -}}
+app.kubernetes.io/name: kvpilot-gateway
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "kvpilot.gateway.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "kvpilot.gateway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kvpilot
+app.kubernetes.io/component: gateway
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Where the gateway reads its API keys: the Secret's key mounted as one file. */}}
+{{- define "kvpilot.gateway.apiKeyDir" -}}
+/etc/kvpilot/gateway-keys
+{{- end -}}

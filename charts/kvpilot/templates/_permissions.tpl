@@ -50,3 +50,13 @@ operator/kvpilot_operator/permissions.py: edit that file, then run the script. *
   resources: ["namespaces"]
   verbs: ["list", "watch"]
 {{- end }}
+{{- define "kvpilot.rules.gateway" }}
+# the models it serves and their served names come from a watch (watch.py); it server-side-applies its held.gateway.kvpilot.dev/<gateway id> annotation (announce.py, kvpilot_server.demand), which wakes a model scaled to zero
+- apiGroups: ["kvpilot.dev"]
+  resources: ["modeldeployments"]
+  verbs: ["list", "watch", "patch"]
+# the ready addresses of each model's Service, watched rather than polled (watch.py; only the model Services' slices, by label)
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list", "watch"]
+{{- end }}

@@ -1,5 +1,5 @@
-"""The chart installed into the real control plane with the real `helm` CLI, and the operator's
-credentials as its pod would have them: a token of the chart's ServiceAccount."""
+"""The chart installed into the real control plane with the real `helm` CLI, and the credentials
+the operator's and the gateway's pods would have: a token of each one's ServiceAccount."""
 
 import subprocess
 from dataclasses import dataclass
@@ -36,14 +36,26 @@ class Installed:
     plane: ControlPlane
     operator_kubeconfig: Path  # the chart's ServiceAccount: only the chart's RBAC applies
     operator_user: str  # its name in the API server's audit log
+    # The same for the gateway's own ServiceAccount; None when the release has no gateway
+    # (gateway.enabled=false).
+    gateway_kubeconfig: Path | None = None
+    gateway_user: str | None = None
+
+
+def _kubeconfig(plane: ControlPlane, account: str) -> tuple[Path, str]:
+    token = plane.service_account_token(NAMESPACE, account)
+    path = plane.write_kubeconfig(plane.dir / f"{account}.kubeconfig", token)
+    return path, f"system:serviceaccount:{NAMESPACE}:{account}"
 
 
 def install(plane: ControlPlane, *values: str, release: str = RELEASE) -> Installed:
-    """`helm install` (no --wait: no pod of the operator's own Deployment ever runs here), the
-    CRD Established, and a kubeconfig with a token for the operator's ServiceAccount."""
+    """`helm install` (no --wait: no pod of the chart's Deployments ever runs here), the CRD
+    Established, and kubeconfigs with a token for the operator's ServiceAccount and, when the
+    release has one, the gateway's."""
     helm(plane, "install", release, str(CHART), "-n", NAMESPACE, "--create-namespace", *values)
     wait_for_crd(plane)
-    token = plane.service_account_token(NAMESPACE, f"{release}-operator")
-    path = plane.write_kubeconfig(plane.dir / f"{release}-operator.kubeconfig", token)
-    user = f"system:serviceaccount:{NAMESPACE}:{release}-operator"
-    return Installed(plane, path, user)
+    installed = Installed(plane, *_kubeconfig(plane, f"{release}-operator"))
+    gateway = f"{release}-gateway"
+    if plane.get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{gateway}") is not None:
+        installed.gateway_kubeconfig, installed.gateway_user = _kubeconfig(plane, gateway)
+    return installed
