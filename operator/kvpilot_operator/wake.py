@@ -25,11 +25,12 @@ from kvpilot_server import demand
 
 def woken(body: kopf.Body | dict, now: float) -> Decision | None:
     """What a ModelDeployment as it stands now asks for: replicas to start, or None."""
-    if body.get("metadata", {}).get("deletionTimestamp"):
-        return None
-    md = crd.defaulted(body)
-    held = demand.read(md["metadata"].get("annotations"), now).held
-    return wake(md["spec"]["replicas"], held, md["spec"]["autoscaling"])
+    meta = body.get("metadata", {})
+    held = demand.read(meta.get("annotations"), now).held
+    if held <= 0 or meta.get("deletionTimestamp"):
+        return None  # every status write comes here too: decided without copying the object
+    spec = crd.defaulted(body)["spec"]
+    return wake(spec["replicas"], held, spec["autoscaling"])
 
 
 def _asleep_and_wanted(body: kopf.Body, type: str | None = None, **_: Any) -> bool:
