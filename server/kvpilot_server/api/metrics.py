@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from kvpilot_server import metric_names as names
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.engine.async_engine import AsyncEngine
+from kvpilot_server.engine.llm_engine import EngineStats
 from kvpilot_server.outputs import RequestOutput
 
 
@@ -57,6 +58,29 @@ class EngineCollector:
             ],
             1,
         )
+        yield info
+        yield from self._vllm(stats)
+
+    def _vllm(self, stats: EngineStats) -> Iterator[Metric]:
+        """The endpoint picker and KEDA's vLLM recipes read only vLLM's names. Always on, not
+        behind a flag: a pod must be routable by a gateway that already runs with its defaults
+        without anyone knowing to turn something on, and it costs four series per scrape.
+        Read from the same snapshot as the kvpilot series, so one scrape never disagrees."""
+        labels, values = ["model_name", "engine"], [self.model, "0"]  # one engine per process
+        for name, doc, value in [
+            (names.VLLM_REQUESTS_WAITING, "Requests waiting to run", sum(stats.waiting.values())),
+            (names.VLLM_REQUESTS_RUNNING, "Requests running", sum(stats.running.values())),
+            (names.VLLM_KV_CACHE_USAGE, "KV cache usage, 1 means full", stats.kv_cache_usage),
+        ]:
+            gauge = GaugeMetricFamily(name, doc, labels=labels)
+            gauge.add_metric(values, value)
+            yield gauge
+        info = GaugeMetricFamily(
+            names.VLLM_CACHE_CONFIG_INFO,
+            "KV cache configuration",
+            labels=["block_size", "num_gpu_blocks", "engine"],
+        )
+        info.add_metric([str(self.engine.config.block_size), str(self.engine.num_blocks), "0"], 1)
         yield info
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
