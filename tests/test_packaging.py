@@ -1,13 +1,13 @@
-"""The dependency split: `kvpilot[operator]` carries no torch, `kvpilot[server]` carries the
-engine, and the base install (no extra) runs the CLI, `kvpilot plan` and the modules both sides
-share. What ships: the wheel holds no test support (kvpilot_testing, the tiny models), and
-nothing outside tests/ reaches into tests/ or edits sys.path to import.
+"""The dependency split: `kvpilot[operator]` and `kvpilot[gateway]` carry no torch,
+`kvpilot[server]` carries the engine, and the base install (no extra) runs the CLI, `kvpilot plan`
+and the modules the sides share. What ships: the wheel holds no test support (kvpilot_testing,
+the tiny models), and nothing outside tests/ reaches into tests/ or edits sys.path to import.
 
-Each side is checked twice: statically (every third-party import under operator/ and server/ is
-installed by that side's extra, read from pyproject.toml and the installed packages' metadata)
-and by running it in a subprocess where everything else is made unimportable: a sitecustomize
-first on PYTHONPATH puts a finder at the head of sys.meta_path that raises ModuleNotFoundError
-for hidden modules, as if they were not installed."""
+Each side is checked twice: statically (every third-party import under operator/, server/ and
+gateway/ is installed by that side's extra, read from pyproject.toml and the installed packages'
+metadata) and by running it in a subprocess where everything else is made unimportable: a
+sitecustomize first on PYTHONPATH puts a finder at the head of sys.meta_path that raises
+ModuleNotFoundError for hidden modules, as if they were not installed."""
 
 import ast
 import json
@@ -22,18 +22,24 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kvpilot_server.extras import BENCH_MODULES, OPERATOR_MODULES, SERVER_MODULES
+from kvpilot_server.extras import (
+    BENCH_MODULES,
+    GATEWAY_MODULES,
+    OPERATOR_MODULES,
+    SERVER_MODULES,
+)
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, wait_for
 from kvpilot_testing.kube.node import Node
-from kvpilot_testing.live_server import start_tiny_server, stop_server
+from kvpilot_testing.live_server import free_port, start_tiny_server, stop_server, terminate
 
 ROOT = Path(__file__).parents[1]
-OURS = {"kvpilot_server", "kvpilot_operator"}
+OURS = {"kvpilot_server", "kvpilot_operator", "kvpilot_gateway"}
 # The sitecustomize. Hidden modules look absent, not broken: every finder on sys.meta_path is
 # wrapped to answer None for them, so `import torch` raises the usual ModuleNotFoundError and
 # importlib.util.find_spec("torch") is None (libraries probe optional modules that way; a finder
@@ -145,16 +151,24 @@ def test_each_side_imports_only_what_its_extra_installs():
     operator = _third_party_imports(ROOT / "operator")
     server = _third_party_imports(ROOT / "server", skip=BENCH)
     bench = _third_party_imports(BENCH)
+    gateway = _third_party_imports(ROOT / "gateway")
     # The CLI's "install this extra" check looks for exactly these.
     assert operator == set(OPERATOR_MODULES)
     assert server == set(SERVER_MODULES)
     assert bench == set(BENCH_MODULES)
+    # ...and the gateway's besides what it imports itself: the ModelDeployment's names come from
+    # kvpilot_operator.crd, which reads the CRD's YAML.
+    assert gateway | {"yaml"} == set(GATEWAY_MODULES)
     assert operator <= _importable("operator"), "imported but not installed by kvpilot[operator]"
     assert server <= _importable("server"), "imported but not installed by kvpilot[server]"
     assert bench <= _importable("bench"), "imported but not installed by kvpilot[bench]"
-    heavy = {"torch", "transformers", "starlette", "uvicorn", "safetensors"}
+    assert gateway <= _importable("gateway"), "imported but not installed by kvpilot[gateway]"
+    engine = {"torch", "transformers", "safetensors"}
+    heavy = engine | {"starlette", "uvicorn"}
     assert not heavy & _importable("operator"), "kvpilot[operator] would install the engine"
     assert not heavy & _importable("bench"), "kvpilot[bench] would install the engine"
+    # The gateway serves HTTP as the server does (starlette, uvicorn), without the engine.
+    assert not engine & _importable("gateway"), "kvpilot[gateway] would install the engine"
     assert _importable(None) == OURS | {"sitecustomize", "usercustomize"}  # base: nothing
 
 
@@ -162,13 +176,13 @@ def test_each_side_imports_only_what_its_extra_installs():
 
 
 def test_the_wheel_holds_the_packages_and_no_test_support(tmp_path):
-    """The kvpilot wheel, built offline from what the Dockerfile copies, holds kvpilot_server and
-    kvpilot_operator and none of kvpilot_testing (testing/, its own unshipped distribution):
-    no tiny models, no control-plane harness."""
+    """The kvpilot wheel, built offline from what the Dockerfile copies, holds kvpilot_server,
+    kvpilot_operator and kvpilot_gateway and none of kvpilot_testing (testing/, its own unshipped
+    distribution): no tiny models, no control-plane harness."""
     src = tmp_path / "src"
     src.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
-    for name in ("pyproject.toml", "README.md", "LICENSE", "crds", "operator", "server"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "crds", "operator", "server", "gateway"):
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
         elif (ROOT / name).is_file():
@@ -188,6 +202,7 @@ def test_the_wheel_holds_the_packages_and_no_test_support(tmp_path):
     assert top == OURS, top
     assert "kvpilot_server/models/builtin.py" in names  # the folder the tiny models left
     assert "kvpilot_operator/modeldeployments.kvpilot.dev.yaml" in names
+    assert "kvpilot_gateway/options.py" in names
     for data in ("report.schema.json", "workload.schema.json", "presets/mixed.yaml"):
         assert f"kvpilot_server/bench/{data}" in names  # kvpilot bench reads them at run time
     assert not [n for n in names if "tiny" in n or "testing" in n]
@@ -230,7 +245,8 @@ def test_nothing_outside_tests_edits_sys_path_or_imports_from_tests():
     the installed packages as installed: none inserts the repository (or tests/) into sys.path."""
     sources = _outside_tests()
     folders = {p.relative_to(ROOT).parts[0] for p in sources}
-    assert {"benchmarks", "scripts", "charts", "testing", "server", "operator"} <= folders
+    expected = {"benchmarks", "scripts", "charts", "testing", "server", "operator", "gateway"}
+    assert expected <= folders
     assert [line for source in sources for line in _reaches_around(source)] == []
 
 
@@ -429,3 +445,67 @@ def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch, kube
         print(log.read_text()[-3000:])  # shown by pytest when the test fails
     tried = {m.partition(".")[0] for m in _hidden(tmp_path)}
     assert not {"torch", "transformers"} & tried, tried
+
+
+def test_gateway_without_its_extra_names_it_in_one_line(tmp_path):
+    env = _hiding_env(tmp_path, hide={"lightkube"})
+    result = _python(env, "-m", "kvpilot_server.cli", "gateway")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        "kvpilot gateway: lightkube not installed; "
+        "install the gateway extra: pip install 'kvpilot[gateway]'"
+    ]
+
+
+def test_gateway_runs_with_only_its_extra_installed(tmp_path, kube, kube_namespace):
+    """Every gateway module imports, `kvpilot gateway --help` works, and the gateway, under the
+    chart's ServiceAccount for it, syncs its watches on the real control plane and lists a
+    ModelDeployment created there, in a Python that can import only the standard library and
+    what kvpilot[gateway] installs: no torch, no transformers."""
+    env = _hiding_env(tmp_path, allow_only=_importable("gateway"))
+    _every_module_imports_light(env, "kvpilot_gateway", ROOT / "gateway" / "kvpilot_gateway")
+    result = _python(env, "-m", "kvpilot_server.cli", "gateway", "--help")
+    assert result.returncode == 0 and "--routing" in result.stdout, result.stderr
+
+    assert kube.gateway_kubeconfig is not None, "the session's release has no gateway"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env |= {"KUBECONFIG": str(kube.gateway_kubeconfig), "POD_NAME": "packaging-test"}
+    argv = [sys.executable, "-m", "kvpilot_server.cli", "gateway", "--port", str(port)]
+    argv += ["--namespace", kube_namespace.ns]
+    log = tmp_path / "gateway.log"
+    with log.open("ab") as out:
+        gateway = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def get(path: str) -> httpx.Response | None:
+        assert gateway.poll() is None, log.read_text()[-3000:]
+        try:
+            return httpx.get(url + path, timeout=2)
+        except httpx.HTTPError:
+            return None
+
+    try:
+        wait_for("/ready", lambda: (r := get("/ready")) is not None and r.status_code == 200)
+        kube_namespace.create(MD, {"metadata": {"name": "light"}, "spec": _ASLEEP})
+
+        def listed() -> list[dict]:
+            response = get("/v1/models")
+            return [m for m in response.json()["data"] if m["id"] == "light"] if response else []
+
+        (card,) = wait_for("the model in /v1/models", listed)
+        assert card["ready"] is False and card["scale_from_zero"] is True
+    finally:
+        terminate(gateway, grace=20)
+        print(log.read_text()[-3000:])  # shown by pytest when the test fails
+    assert gateway.returncode == 0, "the gateway did not drain and exit cleanly"
+    tried = {m.partition(".")[0] for m in _hidden(tmp_path)}
+    assert not {"torch", "transformers"} & tried, tried
+
+
+# A model scaled to zero that may be woken: listed, not ready, no pod needed.
+_ASLEEP = {
+    "model": {"source": "builtin://smollm2-135m-instruct"},
+    "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
+    "replicas": 0,
+    "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 1, "targetQueueDepth": 4},
+}
