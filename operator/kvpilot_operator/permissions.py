@@ -100,8 +100,8 @@ CLUSTER_WHEN_NAMESPACED = (
 # `kvpilot gateway` (gateway/kvpilot_gateway), under its own ServiceAccount: in every namespace it
 # watches (a Role there, or a ClusterRole when watching all namespaces), like NAMESPACED. It reads
 # what to route to and writes only its own annotation: no status, no children, nothing
-# cluster-scoped. No `create`: applying the annotation to a ModelDeployment deleted meanwhile
-# must fail (the API server checks an apply that would create as `create`), not make one.
+# cluster-scoped. No `create`: an apply to a ModelDeployment deleted meanwhile would be one (the
+# API server refuses it anyway, 422: an object of one annotation has no spec).
 GATEWAY = (
     Permission(
         KVPILOT,
@@ -112,10 +112,10 @@ GATEWAY = (
         "(announce.py, kvpilot_server.demand), which wakes a model scaled to zero",
     ),
     Permission(
-        "discovery.k8s.io",
-        "endpointslices",
+        "",
+        "pods",
         ("list", "watch"),
-        "the ready addresses of each model's Service, watched rather than polled (watch.py; "
-        "only the model Services' slices, by label)",
+        "the model servers' pods, Ready or not, and their IPs: where it sends requests, "
+        "watched rather than polled (watch.py; only the operator's pods, by label)",
     ),
 )
