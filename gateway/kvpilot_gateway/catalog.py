@@ -3,19 +3,22 @@ their Services, as the watches report them (watch.py feeds it). Pure: no I/O; on
 event loop.
 
 A request names a model the way clients of one server do: its served model name. The same name
-in two namespaces is ambiguous, and then only `namespace/name` finds it. Endpoints come from the
-Service's EndpointSlices (the endpoint controller's view of pod readiness), not from pods, so the
-gateway sends traffic exactly where the Service would.
+in two namespaces is ambiguous, and then only `namespace/name` finds it. Endpoints are the
+ModelDeployment's pods that are Ready and not terminating, with their pod IP: the rule the
+Service's endpoint controller applies. (The gateway watches the operator's pods rather than
+EndpointSlices because the readiness is the same and an EndpointSlice can never hold a loopback
+address, which is where the tests' kubelet runs its servers.)
 """
 
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvpilot_operator.engine_flags import PORT
+from kvpilot_operator.naming import INSTANCE_LABEL
 from kvpilot_server.errors import ModelNotFoundError
 
-SERVICE_LABEL = "kubernetes.io/service-name"
-PORT_NAME = "http"  # the model Service's port (the operator's render.py)
+PORT_NAME = "http"  # the model server's container port (the operator's render.py)
 
 Key = tuple[str, str]  # (namespace, ModelDeployment name)
 
@@ -53,27 +56,28 @@ def model_from(md: dict) -> Model:
     )
 
 
-def endpoints_from(endpoint_slice: dict) -> tuple[str, list[str]]:
-    """(service name, ready "ip:port" endpoints) of one EndpointSlice. An endpoint whose
-    `ready` is unset counts as ready, as the API documents; terminating ones never do."""
-    service = (endpoint_slice["metadata"].get("labels") or {}).get(SERVICE_LABEL, "")
-    ports = [p.get("port") for p in endpoint_slice.get("ports") or [] if p.get("name") == PORT_NAME]
-    if not ports or ports[0] is None:
-        return service, []
-    ready = []
-    for endpoint in endpoint_slice.get("endpoints") or []:
-        conditions = endpoint.get("conditions") or {}
-        if conditions.get("ready") is False or conditions.get("terminating"):
-            continue
-        ready += [f"{address}:{ports[0]}" for address in endpoint.get("addresses") or []]
-    return service, ready
+def endpoint_of(pod: dict) -> tuple[str, str | None]:
+    """(ModelDeployment name, "ip:port" when the pod takes requests, else None)."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    name = (meta.get("labels") or {}).get(INSTANCE_LABEL, "")
+    conditions = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    if not ready or meta.get("deletionTimestamp") or not status.get("podIP"):
+        return name, None
+    ports = [
+        p["containerPort"]
+        for c in (pod.get("spec") or {}).get("containers") or []
+        for p in c.get("ports") or []
+        if p.get("name") == PORT_NAME
+    ]
+    return name, f"{status['podIP']}:{ports[0] if ports else PORT}"
 
 
 class Catalog:
     def __init__(self) -> None:
         self.models: dict[Key, Model] = {}
-        # (namespace, slice name) -> (service, ready endpoints): a Service may have several.
-        self.slices: dict[Key, tuple[str, list[str]]] = {}
+        # (namespace, pod name) -> (ModelDeployment name, endpoint if it takes requests)
+        self.pods: dict[Key, tuple[str, str | None]] = {}
         self._changed: dict[Key, asyncio.Event] = {}
 
     # -- the watches' side ----------------------------------------------------------------------
@@ -87,21 +91,23 @@ class Catalog:
         self.models.pop((namespace, name), None)
         self._wake((namespace, name))
 
-    def set_slice(self, endpoint_slice: dict) -> None:
-        meta = endpoint_slice["metadata"]
-        service, ready = endpoints_from(endpoint_slice)
-        self.slices[(meta["namespace"], meta["name"])] = (service, ready)
-        self._wake((meta["namespace"], service))
+    def set_pod(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        name, endpoint = endpoint_of(pod)
+        key = (meta["namespace"], meta["name"])
+        if self.pods.get(key) != (name, endpoint):
+            self.pods[key] = (name, endpoint)
+            self._wake((meta["namespace"], name))
 
-    def drop_slice(self, namespace: str, name: str) -> None:
-        service, _ = self.slices.pop((namespace, name), ("", []))
-        self._wake((namespace, service))
+    def drop_pod(self, namespace: str, name: str) -> None:
+        model, _ = self.pods.pop((namespace, name), ("", None))
+        self._wake((namespace, model))
 
     def replace(
         self,
         namespace: str | None,
         mds: Iterable[dict] | None = None,
-        slices: Iterable[dict] | None = None,
+        pods: Iterable[dict] | None = None,
     ) -> None:
         """A fresh list of one namespace (None: all) after a watch broke: what that list
         covers and does not hold is gone."""
@@ -116,12 +122,12 @@ class Catalog:
                 self.set_model(md)
             for key in gone - set(self.models):
                 self._wake(key)
-        if slices is not None:
-            services = {(k[0], s) for k, (s, _) in self.slices.items() if covered(k)}
-            self.slices = {k: v for k, v in self.slices.items() if not covered(k)}
-            for endpoint_slice in slices:
-                self.set_slice(endpoint_slice)
-            for key in services:
+        if pods is not None:
+            models = {(k[0], m) for k, (m, _) in self.pods.items() if covered(k)}
+            self.pods = {k: v for k, v in self.pods.items() if not covered(k)}
+            for pod in pods:
+                self.set_pod(pod)
+            for key in models:
                 self._wake(key)
 
     # -- the requests' side ---------------------------------------------------------------------
@@ -147,13 +153,13 @@ class Catalog:
         return sum(1 for m in self.models.values() if m.served == model.served) > 1
 
     def endpoints(self, key: Key) -> list[str]:
-        """Ready endpoints of the ModelDeployment's Service (it has the ModelDeployment's name)."""
+        """The ModelDeployment's pods that take requests, as "ip:port"."""
         namespace, name = key
-        found: set[str] = set()
-        for (ns, _), (service, ready) in self.slices.items():
-            if ns == namespace and service == name:
-                found.update(ready)
-        return sorted(found)
+        return sorted(
+            endpoint
+            for (ns, _), (model, endpoint) in self.pods.items()
+            if ns == namespace and model == name and endpoint
+        )
 
     def changed(self, key: Key) -> asyncio.Event:
         """Set at the next change of this model or its endpoints (then replaced)."""

@@ -1,7 +1,8 @@
-"""The watches that feed the catalog: ModelDeployments, and the EndpointSlices of the Services
-the operator made for them. List, then watch from the list's resourceVersion; when a watch
-breaks (410 Gone after a long disconnect, the API server restarting), list again and replace
-what that list covers, so nothing deleted meanwhile lingers. Nothing is polled."""
+"""The watches that feed the catalog: ModelDeployments, and the model server pods the operator
+made for them (selected by its managed-by label, server side). List, then watch from the list's
+resourceVersion; when a watch breaks (410 Gone after a long disconnect, the API server
+restarting), list again and replace what that list covers, so nothing deleted meanwhile
+lingers. Nothing is polled."""
 
 import asyncio
 import logging
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightkube import ALL_NS, AsyncClient
-from lightkube.resources.discovery_v1 import EndpointSlice
+from lightkube.resources.core_v1 import Pod
 
 from kvpilot_gateway.catalog import Catalog
 from kvpilot_operator.cluster import ModelDeploymentResource
@@ -33,7 +34,7 @@ class Watches:
     def start(self) -> None:
         for namespace in self.namespaces:
             self.tasks.append(asyncio.create_task(self._models(namespace)))
-            self.tasks.append(asyncio.create_task(self._slices(namespace)))
+            self.tasks.append(asyncio.create_task(self._pods(namespace)))
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -58,21 +59,20 @@ class Watches:
 
         await self._follow(ModelDeploymentResource, namespace, None, replace, event)
 
-    async def _slices(self, namespace: str) -> None:
+    async def _pods(self, namespace: str) -> None:
         def replace(items: list[dict]) -> None:
-            self.catalog.replace(_scope(namespace), slices=items)
+            self.catalog.replace(_scope(namespace), pods=items)
 
         def event(kind: str, obj: dict) -> None:
             meta = obj["metadata"]
             if kind == "DELETED":
-                self.catalog.drop_slice(meta["namespace"], meta["name"])
+                self.catalog.drop_pod(meta["namespace"], meta["name"])
             else:
-                self.catalog.set_slice(obj)
+                self.catalog.set_pod(obj)
 
-        # The endpoint controller copies the Service's labels onto its slices: only the model
-        # Services' slices are watched, not every Service's in the cluster.
+        # Only the model servers' pods, not every pod in the cluster.
         labels = {MANAGED_BY[0]: MANAGED_BY[1]}
-        await self._follow(EndpointSlice, namespace, labels, replace, event)
+        await self._follow(Pod, namespace, labels, replace, event)
 
     async def _follow(
         self,

@@ -55,8 +55,8 @@ operator/kvpilot_operator/permissions.py: edit that file, then run the script. *
 - apiGroups: ["kvpilot.dev"]
   resources: ["modeldeployments"]
   verbs: ["list", "watch", "patch"]
-# the ready addresses of each model's Service, watched rather than polled (watch.py; only the model Services' slices, by label)
-- apiGroups: ["discovery.k8s.io"]
-  resources: ["endpointslices"]
+# the model servers' pods, Ready or not, and their IPs: where it sends requests, watched rather than polled (watch.py; only the operator's pods, by label)
+- apiGroups: [""]
+  resources: ["pods"]
   verbs: ["list", "watch"]
 {{- end }}

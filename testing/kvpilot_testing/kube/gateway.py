@@ -1,0 +1,67 @@
+"""The real `kvpilot gateway` as a subprocess on 127.0.0.1, watching one namespace of the real
+control plane under the kubeconfig it is given, started and stopped by PID."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from kvpilot_testing.kube.cluster import wait_for
+from kvpilot_testing.live_server import free_port, terminate
+
+
+class Gateway:
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path, *args: str) -> None:
+        self.kubeconfig, self.namespace, self.log_path = kubeconfig, namespace, log
+        self.args = args
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> "Gateway":
+        cmd = [sys.executable, "-m", "kvpilot_server.cli", "gateway", "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port), "--namespace", self.namespace, *self.args]
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "POD_NAME": "gateway-test-0"}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        def ready() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"the gateway exited: {self.log()[-2000:]}")
+            try:
+                return httpx.get(f"{self.url}/ready", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for("the gateway to be ready", ready, timeout=timeout, interval=0.2)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no drain."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            terminate(self.process, grace=20)
+            self.process = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of one metric's samples whose labels include `labels`."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    total += sample.value
+        return total

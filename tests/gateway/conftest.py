@@ -1,0 +1,37 @@
+"""Fixtures of the gateway's live tests: a namespace of the real control plane, the real
+operator, the test's kubelet running a real `kvpilot serve` (tiny model) per pod, and real
+`kvpilot gateway` processes; everything stopped by PID afterwards."""
+
+from collections.abc import Iterator
+
+import pytest
+
+from kvpilot_testing.kube.node import Node, serve_tiny
+from tests.gateway.live import Live
+
+
+@pytest.fixture
+def live(kube, kube_namespace, tmp_path, tiny_dir) -> Iterator[Live]:
+    """Operator not started: a test calls live.operator() when it wants it."""
+    cluster = kube_namespace
+    node = Node(cluster, *serve_tiny(tiny_dir("llama")))
+    node.start(interval=0.2)
+    kubeconfig = getattr(kube, "gateway_kubeconfig", None) or kube.plane.kubeconfig
+    env = Live(cluster, node, kubeconfig, tmp_path)
+    try:
+        yield env
+        if cluster.operator is None:
+            env.operator()  # the ModelDeployments' finalizers need it to go
+        cluster.delete_model_deployments()
+    finally:
+        for gateway in env.gateways:
+            gateway.stop()
+        node.stop()
+        cluster.stop_operator()
+        for gateway in env.gateways:
+            print(f"--- {gateway.log_path.name}\n{gateway.log()[-3000:]}")
+        operator_log = tmp_path / "operator.log"
+        if operator_log.exists():
+            print(operator_log.read_text()[-3000:])
+        print("node errors:", node.errors[-5:])
+
