@@ -64,13 +64,14 @@ def terminate(proc: subprocess.Popen, grace: float = 30.0) -> None:
         proc.wait()
 
 
-def start_tiny_server(model_dir, *extra: str, host: str = "127.0.0.1", port: int = 0):
-    """The tiny Llama test model served as "tiny" with a 256-token context, plus extra flags."""
+def start_tiny_server(
+    model_dir, *extra: str, host: str = "127.0.0.1", port: int = 0, name: str = "tiny"
+):
+    """The tiny Llama test model served as `name` with a 256-token context, plus extra flags."""
     return start_server(
         "--model",
         str(model_dir),
-        "--served-model-name",
-        "tiny",
+        f"--served-model-name={name}",
         "--kv-cache-bytes",
         "16MiB",
         "--max-model-len",

@@ -22,7 +22,8 @@ BODY = {
     "temperature": 0,
 }
 SPEC = {
-    "model": {"source": "builtin://smollm2-135m-instruct"},
+    # The name the load sends: the test's kubelet serves what the pod's args ask for.
+    "model": {"source": "builtin://smollm2-135m-instruct", "servedModelName": "tiny"},
     "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
     "replicas": 1,
     "autoscaling": {

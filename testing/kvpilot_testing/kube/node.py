@@ -4,10 +4,13 @@ it unschedulable), reports it running and ready, and finishes deleting pods the 
 does once its containers stopped (the API server waits for that on bound pods).
 
 With `serve`, every pod gets a real `kvpilot serve` on its own 127.0.0.x address and the pod
-port, reported as the pod's IP once it answers, as a kubelet starts the container."""
+port, reported as the pod's IP once it answers, as a kubelet starts the container. `serve` is
+given the address and the pod, so the server can follow the pod's container args (the served
+model name the gateway routes by)."""
 
+import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,8 @@ from kvpilot_testing.kube.cluster import PODS, Cluster
 
 NODE = "kvpilot-test-node"
 PORT = 8000  # the model server's port in the pod template (render.py)
+# (address, pod) -> a handle for stop_server: starts the model server the pod's container runs.
+Serve = Callable[[str, dict], Any]
 # The IP of a pod without a server: loopback, where nothing listens on the pod port, so a scrape
 # of it is refused at once.
 NO_SERVER = "127.0.0.254"
@@ -88,7 +93,7 @@ class Node:
     def __init__(
         self,
         cluster: Cluster,
-        serve: Callable[[str], Any] | None = None,
+        serve: Serve | None = None,
         stop_server: Callable[[Any], None] | None = None,
     ) -> None:
         self.cluster, self.serve, self.stop_server = cluster, serve, stop_server
@@ -127,10 +132,23 @@ class Node:
         self.cluster.http.post(f"{self.cluster.path(PODS, name)}/binding", json=binding)
         address = NO_SERVER
         if self.serve is not None:
+            address = self._free_address()
+            self.servers[name] = (self.serve(address, pod), address)
+        self._report(name, running(pod, address))
+
+    def _free_address(self) -> str:
+        """The next 127.0.0.x whose pod port nobody listens on: another test run on this machine
+        (its own Node counts from the same start) must not answer for this pod."""
+        while self._next_address < 250:
             address = f"127.0.0.{self._next_address}"
             self._next_address += 1
-            self.servers[name] = (self.serve(address), address)
-        self._report(name, running(pod, address))
+            with socket.socket() as probe:
+                try:
+                    probe.bind((address, PORT))
+                except OSError:
+                    continue
+            return address
+        raise RuntimeError("no free 127.0.0.x address left for a pod")
 
     def _report(self, name: str, status: dict) -> None:
         self.cluster.patch(PODS, name, {"status": status}, "status")
@@ -172,12 +190,34 @@ class Node:
             self._kill(name)
 
 
-def serve_tiny(model_dir: Path, *server_args: str) -> tuple[Callable, Callable]:
-    """(serve, stop_server) for Node: a real `kvpilot serve` of a tiny model per pod."""
+def container_flag(pod: dict, flag: str) -> str | None:
+    """The value of `flag` in the pod's first container's args, as `--flag=value` (how the
+    operator renders them) or `--flag value`; None when absent."""
+    args = pod["spec"]["containers"][0].get("args") or []
+    for i, arg in enumerate(args):
+        if arg.startswith(f"{flag}="):
+            return arg.split("=", 1)[1]
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def serve_tiny(
+    model_dir: Path,
+    *server_args: str,
+    extra_args: Callable[[dict], Sequence[str]] | None = None,
+) -> tuple[Serve, Callable]:
+    """(serve, stop_server) for Node: a real `kvpilot serve` of a tiny model per pod, under the
+    served model name the pod's container asks for (the gateway routes by it), or "tiny" for a
+    pod without one. `extra_args(pod)` adds flags for one pod (one replica made slow)."""
     from kvpilot_testing.live_server import start_tiny_server, stop_server
 
-    def serve(address: str) -> Any:
-        process, _ = start_tiny_server(model_dir, *server_args, host=address, port=PORT)
+    def serve(address: str, pod: dict) -> Any:
+        name = container_flag(pod, "--served-model-name") or "tiny"
+        more = extra_args(pod) if extra_args is not None else ()
+        process, _ = start_tiny_server(
+            model_dir, *server_args, *more, host=address, port=PORT, name=name
+        )
         return process
 
     return serve, stop_server
