@@ -97,7 +97,10 @@ class Announcer:
                 field_manager=self.manager,
             )
         except ApiError as exc:
-            if exc.status.code == 404:
+            # Gone: an apply to a missing ModelDeployment would create it, which fails its
+            # schema (422; the gateway may not create anyway). Nothing to report any more.
+            if exc.status.code in (404, 422):
+                log.warning("stopped reporting held requests for %s/%s: %s", *model, exc)
                 self.counts[model] = 0
                 return True
             log.warning("cannot report %d held requests for %s/%s: %s", held, *model, exc)

@@ -54,15 +54,21 @@ def _prompt_text(prompt: Any) -> str:
 
 
 def prefix_key(body: dict, chars: int) -> bytes | None:
-    """The start of the prompt, utf-8: for chat, each message's role and text in order; for
-    completions, the prompt (the first of a batch). None when there is none."""
+    """What identifies a conversation, utf-8, at most `chars` characters. For chat: each message's
+    role and text in order, up to and including the first user message (the system prompt and
+    the opening question): later turns only append to a conversation, so every turn of one
+    conversation keys alike, and it is that replica whose cache holds its start. For
+    completions: the start of the prompt (the first of a batch). None when there is none."""
     if isinstance(body.get("messages"), list):
-        # Role and a separator go in too, so "user: ab" and "user: a" + "b" differ.
-        text = "".join(
-            f"{m.get('role', '')}\x1f{_text_of(m.get('content'))}\x1e"
-            for m in body["messages"]
-            if isinstance(m, dict)
-        )
+        parts = []
+        for m in body["messages"]:
+            if not isinstance(m, dict):
+                continue
+            # Role and a separator go in too, so "user: ab" and "user: a" + "b" differ.
+            parts.append(f"{m.get('role', '')}\x1f{_text_of(m.get('content'))}\x1e")
+            if m.get("role") == "user":
+                break
+        text = "".join(parts)
     else:
         text = _prompt_text(body.get("prompt"))
     text = text[: max(chars, 0)]

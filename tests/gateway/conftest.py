@@ -14,10 +14,12 @@ from tests.gateway.live import Live
 def live(kube, kube_namespace, tmp_path, tiny_dir) -> Iterator[Live]:
     """Operator not started: a test calls live.operator() when it wants it."""
     cluster = kube_namespace
-    node = Node(cluster, *serve_tiny(tiny_dir("llama")))
-    node.start(interval=0.2)
     kubeconfig = getattr(kube, "gateway_kubeconfig", None) or kube.plane.kubeconfig
-    env = Live(cluster, node, kubeconfig, tmp_path)
+    env = Live(cluster, kubeconfig, tmp_path)
+    # The pod's extra server flags are looked up when it starts: a test sets live.pod_args
+    # before making its ModelDeployment.
+    node = env.node = Node(cluster, *serve_tiny(tiny_dir("llama"), extra_args=env.args_for))
+    node.start(interval=0.2)
     try:
         yield env
         if cluster.operator is None:
@@ -34,4 +36,3 @@ def live(kube, kube_namespace, tmp_path, tiny_dir) -> Iterator[Live]:
         if operator_log.exists():
             print(operator_log.read_text()[-3000:])
         print("node errors:", node.errors[-5:])
-

@@ -1,5 +1,6 @@
 """What the gateway's live tests share: a ModelDeployment spec, and the running parts."""
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvpilot_testing.kube.cluster import Cluster
@@ -28,9 +29,25 @@ def spec(replicas: int, autoscaling: bool = True, **scaling: object) -> dict:
 
 
 class Live:
-    def __init__(self, cluster: Cluster, node: Node, kubeconfig: Path, tmp: Path) -> None:
-        self.cluster, self.node, self.kubeconfig, self.tmp = cluster, node, kubeconfig, tmp
+    def __init__(self, cluster: Cluster, kubeconfig: Path, tmp: Path) -> None:
+        self.cluster, self.kubeconfig, self.tmp = cluster, kubeconfig, tmp
+        self.node: Node | None = None
         self.gateways: list[Gateway] = []
+        self.pod_args: Callable[[int], Sequence[str]] = lambda _: ()  # by pod number: 0, 1, ...
+        self._pods: list[str] = []
+
+    def args_for(self, pod: dict) -> Sequence[str]:
+        self._pods.append(pod["metadata"]["name"])
+        return self.pod_args(len(self._pods) - 1)
+
+    def process(self, pod_number: int):
+        """The server process behind the n-th pod started."""
+        assert self.node is not None
+        return self.node.servers[self._pods[pod_number]][0]
+
+    def address(self, pod_number: int) -> str:
+        assert self.node is not None
+        return self.node.servers[self._pods[pod_number]][1]
 
     def gateway(self, *args: str, start: bool = True) -> Gateway:
         log = self.tmp / f"gateway-{len(self.gateways)}.log"
