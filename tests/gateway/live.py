@@ -49,9 +49,9 @@ class Live:
         assert self.node is not None
         return self.node.servers[self._pods[pod_number]][1]
 
-    def gateway(self, *args: str, start: bool = True) -> Gateway:
+    def gateway(self, *args: str, start: bool = True, env: dict | None = None) -> Gateway:
         log = self.tmp / f"gateway-{len(self.gateways)}.log"
-        gateway = Gateway(self.kubeconfig, self.cluster.ns, log, *args)
+        gateway = Gateway(self.kubeconfig, self.cluster.ns, log, *args, env=env)
         self.gateways.append(gateway)
         return gateway.start() if start else gateway
 

@@ -14,9 +14,16 @@ from kvpilot_testing.live_server import free_port, terminate
 
 
 class Gateway:
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path, *args: str) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.kubeconfig, self.namespace, self.log_path = kubeconfig, namespace, log
-        self.args = args
+        self.args, self.extra_env = args, env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -25,6 +32,7 @@ class Gateway:
         cmd = [sys.executable, "-m", "kvpilot_server.cli", "gateway", "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), "--namespace", self.namespace, *self.args]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "POD_NAME": "gateway-test-0"}
+        env |= self.extra_env
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -45,6 +53,11 @@ class Gateway:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
             self.process = None
+
+    def terminate(self) -> None:
+        """SIGTERM: the gateway drains."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
 
     def stop(self) -> None:
         if self.process is not None:
