@@ -21,10 +21,8 @@ import collections
 import json
 import os
 import platform
-import random
 import resource
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -94,9 +92,6 @@ def main() -> None:
         create_namespace(plane, "bench")
         cluster = Cluster(plane, "bench", installed.operator_kubeconfig)
         node = Node(cluster, *serve_tiny(tiny))
-        # Node numbers its pods' addresses from 127.0.0.20 in every process: a test running
-        # beside this benchmark may be serving there already.
-        node._next_address = _free_address()
         node.start(interval=0.2)
         cluster.create(MD, {"metadata": {"name": SERVED}, "spec": _spec(1, False)})
         cluster.start_operator(workdir / "operator.log")
@@ -158,18 +153,6 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
-
-
-def _free_address() -> int:
-    """The last byte of a 127.0.0.x where nothing listens on the pod port."""
-    for last in random.sample(range(100, 250), 150):
-        with socket.socket() as s:
-            try:
-                s.bind((f"127.0.0.{last}", PORT))
-            except OSError:
-                continue
-            return last
-    raise RuntimeError(f"no free 127.0.0.x:{PORT}")
 
 
 def _ready(gateway: Gateway, model: str) -> bool | None:
