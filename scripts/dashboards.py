@@ -17,8 +17,11 @@ Labels the queries rely on:
 - operator metrics: `namespace` and `name` of the ModelDeployment, which only survive scraping
   if the operator's scrape keeps them (honorLabels: true; otherwise Prometheus renames them to
   exported_namespace because the target has a `namespace` label of its own);
+- gateway metrics: `namespace` and `model` (the ModelDeployment's name, never the client's
+  spelling), kept by the gateway's scrape as the operator's are (honorLabels: true);
 - the operator's scrape job holds "kvpilot" and ends in "-operator", as the chart's ServiceMonitor
-  names it after the operator's Service (KvpilotOperatorDown uses `up`).
+  names it after the operator's Service (KvpilotOperatorDown uses `up`); the gateway's ends in
+  "-gateway" (KvpilotGatewayDown).
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ QUANTILES = (0.5, 0.95, 0.99)
 # Label selectors (inside {...}) for the two families, from the dashboard variables.
 ENGINE = 'namespace=~"$namespace", model=~"$model", pod=~"$pod"'
 OPERATOR = 'namespace=~"$namespace", name=~"$model"'
+GATEWAY = 'namespace=~"$namespace", model=~"$model"'
+
+# Outcomes of the gateway's requests counter: the replicas failed the request, or the
+# hold bound refused it.
+UPSTREAM_ERRORS = 'outcome=~"upstream_error|5xx"'
+OVERLOADED = 'outcome="overloaded"'
 
 
 # -- PromQL helpers ---------------------------------------------------------------------------
@@ -129,8 +138,14 @@ def panel(
     return built
 
 
-def variables(source: str, model_label: str) -> list[Any]:
-    """datasource, namespace, ModelDeployment (`model_label` of `source`) and pod."""
+def variables(
+    source: str,
+    model_label: str,
+    model_description: str = "The `model` label of engine metrics (the ModelDeployment's name, "
+    "or its spec.model.servedModelName) and the `name` label of operator metrics",
+    pods: bool = True,
+) -> list[Any]:
+    """datasource, namespace, ModelDeployment (`model_label` of `source`) and, with `pods`, pod."""
 
     def query(name: str, label: str, values: str, description: str) -> Any:
         return (
@@ -146,8 +161,7 @@ def variables(source: str, model_label: str) -> list[Any]:
             .all_value(".*")
         )
 
-    pods = f'{names.ENGINE_INFO}{{namespace=~"$namespace", model=~"$model"}}'
-    return [
+    found = [
         dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"),
         query(
             "namespace",
@@ -159,11 +173,13 @@ def variables(source: str, model_label: str) -> list[Any]:
             "model",
             "ModelDeployment",
             f'label_values({source}{{namespace=~"$namespace"}}, {model_label})',
-            "The `model` label of engine metrics (the ModelDeployment's name, or its "
-            "spec.model.servedModelName) and the `name` label of operator metrics",
+            model_description,
         ),
-        query("pod", "Pod", f"label_values({pods}, pod)", "Model server pods"),
     ]
+    if pods:
+        engine_pods = f'{names.ENGINE_INFO}{{namespace=~"$namespace", model=~"$model"}}'
+        found.append(query("pod", "Pod", f"label_values({engine_pods}, pod)", "Model server pods"))
+    return found
 
 
 def new_dashboard(uid: str, title: str, description: str) -> dashboard.Dashboard:
@@ -475,6 +491,209 @@ def fleet() -> dashboard.Dashboard:
     return built
 
 
+def gateway() -> dashboard.Dashboard:
+    gw = "sum by (model)"
+    requests = rate(names.GATEWAY_REQUESTS, GATEWAY)
+    routing = rate(names.GATEWAY_ROUTING, GATEWAY)
+    holds = f"{names.GATEWAY_HOLD_SECONDS}_count"
+    ready = sel(names.OPERATOR_READY_REPLICAS, OPERATOR)
+    # Only the wakes from zero that held requests asked for, the gateway's part in scaling.
+    demand = 'reason="Demand"'
+    wakes = (
+        f"sum by (namespace, name, direction, reason) "
+        f"({increase(names.OPERATOR_SCALE_EVENTS, OPERATOR, extra=demand)})"
+    )
+    return (
+        new_dashboard(
+            "kvpilot-gateway",
+            "kvpilot / Gateway",
+            "The kvpilot gateway in front of the models: requests by outcome, requests held "
+            "while a model scales from zero, routing between replicas, upstream latency.",
+        )
+        .variables(
+            variables(
+                names.GATEWAY_REQUESTS,
+                "model",
+                "The `model` label of gateway metrics (the ModelDeployment's name) and the "
+                "`name` label of operator metrics",
+                pods=False,
+            )
+        )
+        .annotation(
+            dashboard.AnnotationQuery()
+            .name("Woken from zero")
+            .datasource(DATASOURCE)
+            .enable(True)
+            .icon_color("orange")
+            .expr(f"{wakes} > 0")
+        )
+        .with_row(dashboard.Row("Requests"))
+        .with_panel(
+            panel(
+                "Requests/s by outcome",
+                "Requests the gateway finished per second. ok: the replica's answer was passed "
+                "on (4xx and 5xx: the replica answered with that status class); "
+                "upstream_error: no replica answered, or the stream broke; overloaded: 429, "
+                "over the hold bound; starting: 503, held past the hold timeout; "
+                "unavailable: 503, at zero with autoscaling off; client_closed: the client "
+                "left first.",
+                [(f"sum by (model, outcome) ({requests})", "{{model}} {{outcome}}")],
+                unit="reqps",
+            )
+        )
+        .with_panel(
+            panel(
+                "Upstream error ratio",
+                'Share of the gateway\'s requests with outcome "upstream_error" or "5xx": no '
+                "replica answered, a stream broke, or the replica answered 5xx "
+                "(KvpilotGatewayUpstreamErrors).",
+                [
+                    (
+                        f"({gw} ({rate(names.GATEWAY_REQUESTS, GATEWAY, extra=UPSTREAM_ERRORS)})"
+                        f" or {gw} ({requests}) * 0) / {gw} ({requests})",
+                        "{{model}}",
+                    )
+                ],
+                unit="percentunit",
+                ratio=True,
+            )
+        )
+        .with_panel(
+            panel(
+                "In flight",
+                "Requests being proxied to a replica now, summed over gateway replicas.",
+                [(f"{gw} ({sel(names.GATEWAY_IN_FLIGHT, GATEWAY)})", "{{model}}")],
+            )
+        )
+        .with_panel(
+            panel(
+                "Unrouted requests/s by reason",
+                "Requests answered before a model was known (bad body, unknown model, no API "
+                "key, the client left while sending): not per model, so the variables do not "
+                "filter it.",
+                [
+                    (
+                        f"sum by (reason) ({rate(names.GATEWAY_UNROUTED, '')})",
+                        "{{reason}}",
+                    )
+                ],
+                unit="reqps",
+            )
+        )
+        .with_row(dashboard.Row("Scale from zero"))
+        .with_panel(
+            panel(
+                "Held requests vs ready replicas",
+                "Requests waiting at the gateways for a ready replica (summed over gateway "
+                "replicas), and the ready replicas the operator counts.",
+                [
+                    (f"{gw} ({sel(names.GATEWAY_HELD, GATEWAY)})", "{{model}} held"),
+                    (
+                        f"max by (namespace, name) ({ready})",
+                        "{{name}} ready replicas",
+                    ),
+                ],
+                width=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Hold time",
+                "How long requests were held before a replica was ready (or they timed out, or "
+                "the client left), p50/p95/p99: the cold start as clients see it.",
+                [
+                    (
+                        quantile(q, names.GATEWAY_HOLD_SECONDS, GATEWAY, "model"),
+                        f"{{{{model}}}} p{round(q * 100)}",
+                    )
+                    for q in QUANTILES
+                ],
+                unit="s",
+                width=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Holds ended/s by outcome",
+                "ready: sent to a replica; timeout: answered 503 after the hold timeout "
+                "(KvpilotGatewayHoldTimeouts); client_closed: the client left while held.",
+                [(f"sum by (model, outcome) ({rate(holds, GATEWAY)})", "{{model}} {{outcome}}")],
+                unit="reqps",
+                width=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Woken from zero",
+                "Scale-ups from zero that held requests caused (the operator's scale events "
+                'with reason "Demand"; also shown as annotations).',
+                [(wakes, "{{name}}")],
+                bars=True,
+            )
+        )
+        .with_panel(
+            panel(
+                "Refused over the hold bound/s",
+                "429s because too many requests were already held for the model or in all "
+                "(KvpilotGatewayHoldsOverloaded).",
+                [
+                    (
+                        f"{gw} ({rate(names.GATEWAY_REQUESTS, GATEWAY, extra=OVERLOADED)})"
+                        f" or {gw} ({requests}) * 0",
+                        "{{model}}",
+                    )
+                ],
+                unit="reqps",
+            )
+        )
+        .with_row(dashboard.Row("Routing and replicas"))
+        .with_panel(
+            panel(
+                "Upstream latency",
+                "From sending a request to a replica to its response headers (a stream: its "
+                "first byte), p50/p95/p99.",
+                [
+                    (
+                        quantile(q, names.GATEWAY_UPSTREAM_SECONDS, GATEWAY, "model"),
+                        f"{{{{model}}}} p{round(q * 100)}",
+                    )
+                    for q in QUANTILES
+                ],
+                unit="s",
+                width=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Routing decisions by reason",
+                "Share of replica choices per reason: affinity (the replica that holds the "
+                "conversation's prefix), overflow (that replica was over its bounded load), "
+                "least-load, round-robin. Less affinity means fewer prefix cache hits.",
+                [
+                    (
+                        f"sum by (model, reason) ({routing})"
+                        f" / ignoring (reason) group_left sum by (model) ({routing})",
+                        "{{model}} {{reason}}",
+                    )
+                ],
+                unit="percentunit",
+                width=8,
+                ratio=True,
+            )
+        )
+        .with_panel(
+            panel(
+                "Retries/s",
+                "Requests sent again to another replica after one failed before answering "
+                "(refused the connection, or answered 503 while draining).",
+                [(f"{gw} ({rate(names.GATEWAY_RETRIES, GATEWAY)})", "{{model}}")],
+                unit="reqps",
+                width=8,
+            )
+        )
+    )
+
+
 def _prometheus_annotation_fields(board: dict) -> dict:
     """The SDK's AnnotationQuery (Grafana 11.6 schema) has no Prometheus-specific fields: without
     them Grafana draws scale events with an empty title and text."""
@@ -501,7 +720,12 @@ def _number_panels(board: dict) -> dict:
 def dashboards() -> dict[str, dict]:
     """File name -> dashboard JSON."""
     built = {}
-    for file, builder in (("model-serving.json", model_serving()), ("fleet.json", fleet())):
+    boards = (
+        ("model-serving.json", model_serving()),
+        ("fleet.json", fleet()),
+        ("gateway.json", gateway()),
+    )
+    for file, builder in boards:
         board = json.loads(JSONEncoder().encode(builder.build()))
         built[file] = _number_panels(_prometheus_annotation_fields(board))
     return built
@@ -512,6 +736,8 @@ def dashboards() -> dict[str, dict]:
 # The chart's ServiceMonitor names the job after the operator's Service: <release>-kvpilot-operator,
 # or <release>-operator when the release name holds "kvpilot".
 OPERATOR_JOB = 'job=~".*kvpilot.*-operator"'
+# The gateway's ServiceMonitor names it likewise after the gateway's Service.
+GATEWAY_JOB = 'job=~".*kvpilot.*-gateway"'
 
 
 def alert(
@@ -648,10 +874,58 @@ def alert_groups() -> dict[str, Any]:
             "neither reconciled nor autoscaled, and their status goes stale.",
         ),
     ]
+    by_model = "sum by (namespace, model)"
+    gateway_requests = f"{by_model} ({rate(names.GATEWAY_REQUESTS, '', '5m')})"
+    timeout = 'outcome="timeout"'
+    holds_timed_out = increase(f"{names.GATEWAY_HOLD_SECONDS}_count", "", "5m", timeout)
+    gateway_rules = [
+        alert(
+            "KvpilotGatewayHoldTimeouts",
+            f"{by_model} ({holds_timed_out})\n> 0",
+            "5m",
+            "critical",
+            f'{model}: {{{{ $value | printf "%.0f" }}}} held requests timed out in 5 minutes',
+            f"Requests for {model} have been held at the gateway until the hold timeout (503, "
+            "the model is starting) for 5 minutes: no replica becomes ready, or not within "
+            "the hold timeout.",
+        ),
+        alert(
+            "KvpilotGatewayHoldsOverloaded",
+            f"{by_model} ({rate(names.GATEWAY_REQUESTS, '', '5m', OVERLOADED)})\n> 0",
+            "10m",
+            "warning",
+            f'{model}: {{{{ $value | printf "%.2f" }}}} requests/s refused over the hold bound',
+            f"The gateway has answered requests for {model} with 429 for 10 minutes because "
+            "too many were already held waiting for a replica (gateway.maxHeldPerModel for "
+            "the model, or gateway.maxHeld in all).",
+        ),
+        alert(
+            "KvpilotGatewayUpstreamErrors",
+            f"{by_model} ({rate(names.GATEWAY_REQUESTS, '', '5m', UPSTREAM_ERRORS)})"
+            f"\n/\n{gateway_requests}\n> 0.05",
+            "5m",
+            "critical",
+            f"{model}: {{{{ $value | humanizePercentage }}}} of gateway requests fail upstream",
+            "More than 5% of the gateway's requests for the model ended in upstream_error (no "
+            "replica answered, or a stream broke) or a 5xx from the replica over the last 5 "
+            "minutes, for 5 minutes.",
+        ),
+        alert(
+            "KvpilotGatewayDown",
+            f"max by (job) (up{{{GATEWAY_JOB}}}) == 0",
+            "5m",
+            "critical",
+            "The kvpilot gateway is down",
+            "Prometheus has scraped no kvpilot gateway replica of job {{ $labels.job }} for 5 "
+            "minutes: clients of the gateway get no answer, and requests for models at zero "
+            "wake nothing.",
+        ),
+    ]
     return {
         "groups": [
             {"name": "kvpilot-serving", "rules": serving},
             {"name": "kvpilot-fleet", "rules": fleet_rules},
+            {"name": "kvpilot-gateway", "rules": gateway_rules},
         ]
     }
 

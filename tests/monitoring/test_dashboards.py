@@ -18,6 +18,8 @@ HISTOGRAMS = {
     names.E2E_LATENCY,
     names.QUEUE_TIME,
     names.OPERATOR_RECONCILE_SECONDS,
+    names.GATEWAY_HOLD_SECONDS,
+    names.GATEWAY_UPSTREAM_SECONDS,
 }
 NAMES = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
 METRIC = re.compile(r"\bkvpilot_[a-z0-9_]+")
@@ -74,11 +76,14 @@ def test_counters_and_histograms_only_through_rate_or_increase():
                 assert before.endswith(("rate(", "increase(")), f"{name} raw in {expr}"
 
 
-@pytest.mark.parametrize("file", ["model-serving.json", "fleet.json"])
-def test_dashboard_shape(file):
+# The gateway's series are per ModelDeployment, not per model server pod.
+@pytest.mark.parametrize(
+    ("file", "pods"), [("model-serving.json", True), ("fleet.json", True), ("gateway.json", False)]
+)
+def test_dashboard_shape(file, pods):
     board = json.loads((ROOT / FILES / "dashboards" / file).read_text())
     variables = [v["name"] for v in board["templating"]["list"]]
-    assert variables == ["datasource", "namespace", "model", "pod"]
+    assert variables == ["datasource", "namespace", "model"] + ["pod"] * pods
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
     for p in board["panels"]:
@@ -91,6 +96,14 @@ def test_fleet_shows_scale_events_as_annotations():
     board = dashboards.dashboards()["fleet.json"]
     exprs = [a.get("expr", "") for a in board["annotations"]["list"]]
     assert any(names.OPERATOR_SCALE_EVENTS in e for e in exprs)
+
+
+def test_gateway_dashboard_shows_every_gateway_metric_and_wakes_from_zero():
+    board = dashboards.dashboards()["gateway.json"]
+    exprs = " ".join(panel_exprs(board))
+    gateway = {v for k, v in vars(names).items() if k.startswith("GATEWAY_")}
+    assert gateway and {g for g in gateway if g not in exprs} == set()
+    assert 'reason="Demand"' in " ".join(a.get("expr", "") for a in board["annotations"]["list"])
 
 
 def _github_anchor(heading: str) -> str:

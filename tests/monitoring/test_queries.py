@@ -7,7 +7,9 @@ kvpilot_operator/metrics.py, updated as the autoscaler and reconciler update the
 real operator would need the Kubernetes stand-in and pods it could scrape, and would exercise the
 same objects; here each family gets observations within seconds. The operator's target carries a
 `namespace` label of its own, as in a cluster, so the scrape must keep the metrics' labels
-(honor_labels), as the chart's ServiceMonitor does.
+(honor_labels), as the chart's ServiceMonitor does. The gateway's families likewise: the real
+GatewayMetrics of kvpilot_gateway/metrics.py, served from this process and updated as the
+gateway's routes and holds update them, scraped with the operator's honor_labels.
 
 Each panel query runs with the dashboard variables set to the test's namespace, model and pod,
 and again with every variable at "All": it must parse and return at least one finite sample.
@@ -24,6 +26,7 @@ import httpx
 import pytest
 from prometheus_client import start_http_server
 
+from kvpilot_gateway.metrics import GatewayMetrics
 from kvpilot_operator import metrics as operator_metrics
 from kvpilot_server import metric_names as names
 from kvpilot_testing.corpus import CORPUS
@@ -80,8 +83,27 @@ def _traffic(base: str, deadline: float) -> None:
         list(pool.map(client_loop, range(CLIENTS)))
 
 
-def _operator(deadline: float) -> None:
-    """What the autoscaler and the reconciler record, a few times a second."""
+def _gateway(metrics: GatewayMetrics, tick: int) -> None:
+    """What the gateway's routes and holds record: every outcome, hold and routing reason."""
+    labels = (NAMESPACE, MODEL)
+    metrics.requests.labels(*labels, "ok").inc()
+    for outcome, every in (("upstream_error", 4), ("overloaded", 5), ("starting", 7)):
+        if tick % every == 0:
+            metrics.requests.labels(*labels, outcome).inc()
+    if tick % 3 == 0:
+        metrics.unrouted.labels("InvalidRequestError").inc()
+    metrics.held.labels(*labels).set(tick % 4)
+    metrics.in_flight.labels(*labels).set(tick % 3)
+    outcome = "timeout" if tick % 6 == 0 else "ready"
+    metrics.hold_seconds.labels(*labels, outcome).observe(0.5 * (1 + tick % 9))
+    metrics.upstream_seconds.labels(*labels).observe(0.01 * (1 + tick % 5))
+    metrics.routing.labels(*labels, "overflow" if tick % 3 == 0 else "affinity").inc()
+    if tick % 2 == 0:
+        metrics.retries.labels(*labels).inc()
+
+
+def _operator(deadline: float, gateway: GatewayMetrics) -> None:
+    """What the autoscaler and the reconciler record, a few times a second (and the gateway)."""
     labels = (NAMESPACE, MODEL)
     for tick in range(int(TRAFFIC_S * 10) + 10):
         if time.monotonic() > deadline:
@@ -98,6 +120,9 @@ def _operator(deadline: float) -> None:
             operator_metrics.reconcile_errors.labels(*labels).inc()
         if tick % 5 == 0:
             operator_metrics.scale_events.labels(*labels, "up", "QueueDepth").inc()
+        if tick % 5 == 2:  # woken from zero by requests held at the gateway
+            operator_metrics.scale_events.labels(*labels, "up", "Demand").inc()
+        _gateway(gateway, tick)
         time.sleep(0.1)
 
 
@@ -105,10 +130,13 @@ def _operator(deadline: float) -> None:
 def prometheus(prometheus_binaries, tiny_dir):
     server, base = start_tiny_server(tiny_dir("llama"), "--max-num-seqs", "2", "--max-waiting", "2")
     operator_http, operator_thread = start_http_server(0, addr="127.0.0.1")
+    gateway = GatewayMetrics()
+    gateway_http, gateway_thread = start_http_server(0, addr="127.0.0.1", registry=gateway.registry)
     prom = None
     try:
         engine_target = base.removeprefix("http://")
         operator_target = f"127.0.0.1:{operator_http.server_port}"
+        gateway_target = f"127.0.0.1:{gateway_http.server_port}"
         scrape_configs = [
             {
                 "job_name": "kvpilot",
@@ -126,12 +154,22 @@ def prometheus(prometheus_binaries, tiny_dir):
                     }
                 ],
             },
+            {
+                "job_name": "kvpilot-gateway",
+                "honor_labels": True,
+                "static_configs": [
+                    {
+                        "targets": [gateway_target],
+                        "labels": {"namespace": OPERATOR_NAMESPACE, "pod": "kvpilot-gateway-0"},
+                    }
+                ],
+            },
         ]
         prom = Prometheus(prometheus_binaries[0], scrape_configs, [ROOT / FILES / "alerts.yaml"])
-        up = prom.wait_for("count(up == 1) == 2", timeout=15.0)
+        up = prom.wait_for("count(up == 1) == 3", timeout=15.0)
         assert up, f"targets not up: {prom.query('up')} {prom.logs()}"
         deadline = time.monotonic() + TRAFFIC_S
-        simulation = threading.Thread(target=_operator, args=(deadline,))
+        simulation = threading.Thread(target=_operator, args=(deadline, gateway))
         simulation.start()
         _traffic(base, deadline)
         simulation.join(timeout=30.0)
@@ -143,6 +181,9 @@ def prometheus(prometheus_binaries, tiny_dir):
         operator_http.shutdown()
         operator_http.server_close()
         operator_thread.join(timeout=10.0)
+        gateway_http.shutdown()
+        gateway_http.server_close()
+        gateway_thread.join(timeout=10.0)
         stop_server(server)
 
 
@@ -229,6 +270,7 @@ def test_every_alert_expression_evaluates(prometheus):
         if a["labels"].get("namespace") in (NAMESPACE, None)
     }
     assert "KvpilotOperatorDown" not in ours
+    assert "KvpilotGatewayDown" not in {r["name"] for r in loaded if r["alerts"]}
     assert "KvpilotMetricsAbsent" not in ours
     assert prometheus.query(f'{names.OPERATOR_DESIRED_REPLICAS}{{namespace="{NAMESPACE}"}}')
 
