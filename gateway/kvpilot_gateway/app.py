@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
-import httpx
+import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -26,7 +26,7 @@ from kvpilot_gateway.holding import Holds, StartingError
 from kvpilot_gateway.load import Loads
 from kvpilot_gateway.metrics import GatewayMetrics
 from kvpilot_gateway.options import Settings
-from kvpilot_gateway.proxy import Passthrough, open_upstream, unless_disconnected
+from kvpilot_gateway.proxy import UPSTREAM_ERRORS, Passthrough, open_upstream, unless_disconnected
 from kvpilot_server.api.auth import ApiKeyMiddleware
 from kvpilot_server.api.body import read_body
 from kvpilot_server.api.errors import error_response, from_exception
@@ -40,7 +40,7 @@ BODY_TIMEOUT = 30.0
 class State:
     """Everything the routes share; main.py builds it and runs its background parts."""
 
-    def __init__(self, settings: Settings, client: httpx.AsyncClient, announce) -> None:
+    def __init__(self, settings: Settings, client: aiohttp.ClientSession | None, announce) -> None:
         self.settings, self.client = settings, client
         self.catalog = Catalog()
         self.loads = Loads()
@@ -138,6 +138,7 @@ def build_app(state: State) -> Starlette:
             state.loads.begin(endpoint)
             started = time.perf_counter()
             try:
+                assert state.client is not None  # opened by the lifespan, before any request
                 send = open_upstream(
                     state.client, endpoint, request.url.path, body, request.headers.raw
                 )
@@ -146,20 +147,20 @@ def build_app(state: State) -> Starlette:
                 state.loads.end(endpoint)
                 count(*labels, "client_closed").inc()
                 return Response(status_code=CLIENT_CLOSED)
-            except httpx.HTTPError as exc:  # nothing reached the client: another replica
+            except UPSTREAM_ERRORS as exc:  # nothing reached the client: another replica
                 state.loads.end(endpoint)
                 state.loads.mark_down(endpoint)
                 tried.add(endpoint)
                 log.warning("replica %s of %s/%s failed: %r", endpoint, *labels, exc)
                 continue
-            if upstream.status_code == 503 and attempt < settings.retries:
+            if upstream.status == 503 and attempt < settings.retries:
                 # Draining or its engine stopped: the next replica can take it.
-                await upstream.aclose()
+                upstream.close()
                 state.loads.end(endpoint)
                 tried.add(endpoint)
                 continue
             metrics.upstream_seconds.labels(*labels).observe(time.perf_counter() - started)
-            return Passthrough(upstream, _finish(endpoint, model, upstream.status_code))
+            return Passthrough(upstream, _finish(endpoint, model, upstream.status))
         count(*labels, "upstream_error").inc()
         return _with_retry_after(
             503, f"No replica of the model {model.served!r} answered; retry the request", 1

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot_server import metric_names as names
@@ -121,16 +121,16 @@ class Loads:
             del self._states[endpoint]
 
 
-async def scrape(client: httpx.AsyncClient, endpoints: Iterable[str], loads: Loads) -> None:
-    """One pass: GET every endpoint's /metrics at once (the client's timeout bounds each) and
+async def scrape(client: aiohttp.ClientSession, endpoints: Iterable[str], loads: Loads) -> None:
+    """One pass: GET every endpoint's /metrics at once (the session's timeout bounds each) and
     record the answers; an endpoint that fails to answer is marked down."""
 
     async def one(endpoint: str) -> None:
         try:
-            response = await client.get(f"http://{endpoint}/metrics")
-            response.raise_for_status()
-            load = parse_load(response.text)
-        except (httpx.HTTPError, ValueError):
+            async with client.get(f"http://{endpoint}/metrics") as response:
+                response.raise_for_status()
+                load = parse_load(await response.text())
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             load = None
         loads.update(endpoint, load)
 

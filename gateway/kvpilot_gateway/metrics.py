@@ -24,7 +24,8 @@ class GatewayMetrics:
         )
         self.unrouted = Counter(
             names.GATEWAY_UNROUTED,
-            "Requests answered before a model was known: bad body, unknown model, no API key",
+            "Requests answered before a model was known: unreadable body, unknown model (a missing "
+            "API key is refused before routing and counted nowhere here)",
             ["reason"],
             registry=r,
         )
@@ -57,7 +58,8 @@ class GatewayMetrics:
         )
         self.retries = Counter(
             names.GATEWAY_RETRIES,
-            "Requests sent again to another replica after one failed before answering",
+            "Attempts sent to another replica after one failed before answering (one request "
+            "may add up to --retries)",
             LABELS,
             registry=r,
         )

@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import httpx
+import aiohttp
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
@@ -66,23 +66,27 @@ def error_event(message: str) -> bytes:
     return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
 
 
+# What breaks an upstream exchange: aiohttp's own errors, a timeout, the socket itself.
+UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+
+
 class Passthrough:
-    """The ASGI response that relays an upstream httpx response opened with stream=True.
+    """The ASGI response that relays an upstream aiohttp response whose body is still to read.
     `done(outcome)` runs once at the end: ok, client_closed or upstream_error."""
 
-    def __init__(self, upstream: httpx.Response, done: Callable[[str], None]) -> None:
+    def __init__(self, upstream: aiohttp.ClientResponse, done: Callable[[str], None]) -> None:
         self.upstream, self.done = upstream, done
         content_type = upstream.headers.get("content-type", "")
         self.sse = content_type.startswith("text/event-stream")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome = "upstream_error"
-        headers = forward_headers(self.upstream.headers.raw)
+        headers = forward_headers(list(self.upstream.raw_headers))
         try:
             await send(
                 {
                     "type": "http.response.start",
-                    "status": self.upstream.status_code,
+                    "status": self.upstream.status,
                     "headers": headers,
                 }
             )
@@ -100,14 +104,17 @@ class Passthrough:
                 raise ConnectionError("the replica closed the connection mid-body")
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await self.upstream.aclose()
+            if outcome == "ok":
+                self.upstream.release()  # read to its end: the connection is reused
+            else:
+                self.upstream.close()  # the replica sees the connection close and aborts
             self.done(outcome)
 
     async def _relay(self, send: Send) -> str:
         try:
-            async for chunk in self.upstream.aiter_raw():
+            async for chunk in self.upstream.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError:
+        except UPSTREAM_ERRORS:
             if self.sse:
                 event = error_event("The model replica failed mid-stream; retry the request")
                 await send({"type": "http.response.body", "body": event, "more_body": True})
@@ -116,14 +123,13 @@ class Passthrough:
 
 
 async def open_upstream(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     endpoint: str,
     path: str,
     body: bytes,
     headers: list[tuple[bytes, bytes]],
-) -> httpx.Response:
-    """Send the request; the response with its headers, its body still to read."""
-    request = client.build_request(
-        "POST", f"http://{endpoint}{path}", content=body, headers=forward_headers(headers)
-    )
-    return await client.send(request, stream=True)
+) -> aiohttp.ClientResponse:
+    """Send the request; the response with its headers, its body still to read. Header
+    values are passed through as received (latin-1, as HTTP carries them)."""
+    forwarded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in forward_headers(headers)]
+    return await client.post(f"http://{endpoint}{path}", data=body, headers=forwarded)

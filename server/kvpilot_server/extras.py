@@ -27,7 +27,7 @@ SERVER_MODULES = (
 OPERATOR_MODULES = ("kopf", "lightkube", "yaml", "prometheus_client", "httpx")
 # What gateway/kvpilot_gateway imports beyond the standard library and the torch-free modules of
 # kvpilot_server (the API's error shape and key check) and kvpilot_operator (the CRD's names).
-GATEWAY_MODULES = ("starlette", "uvicorn", "httpx", "lightkube", "yaml", "prometheus_client")
+GATEWAY_MODULES = ("starlette", "uvicorn", "aiohttp", "lightkube", "yaml", "prometheus_client")
 # What server/kvpilot_server/bench (`kvpilot bench`, the load tester: no torch) imports; it also
 # reads servers' /metrics through kvpilot_operator.observe, which needs only prometheus_client.
 BENCH_MODULES = (

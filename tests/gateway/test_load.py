@@ -3,8 +3,10 @@ scrapes, in-flight counts and failures combine."""
 
 import asyncio
 
+import aiohttp
 import httpx
 import pytest
+from aiohttp import web
 
 from kvpilot_gateway.load import Load, Loads, parse_load, scrape
 from kvpilot_server import metric_names as names
@@ -31,7 +33,7 @@ def test_scrape_marks_the_live_endpoint_up_and_the_dead_one_down(tiny_server):
     loads.mark_down(live)  # a failed request earlier; the scrape's answer brings it back
 
     async def one_pass() -> None:
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as client:
             await scrape(client, [live, DEAD], loads)
 
     asyncio.run(one_pass())
@@ -72,19 +74,38 @@ def test_parse_rejects_what_is_not_metrics():
 
 
 def test_scrape_of_an_answer_that_is_not_metrics_marks_down():
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.host == "broken":
-            return httpx.Response(500, text="oops")
-        return httpx.Response(200, text="<html>a login page</html>\n")
+    """A real HTTP server on loopback answering a 500 on one port and a login page on another."""
+
+    async def broken(_: web.Request) -> web.Response:
+        return web.Response(status=500, text="oops")
+
+    async def login_page(_: web.Request) -> web.Response:
+        return web.Response(text="<html>a login page</html>\n", content_type="text/html")
 
     loads = Loads()
 
-    async def one_pass() -> None:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            await scrape(client, ["broken:8000", "html:8000"], loads)
+    async def one_pass() -> list[str]:
+        runners, endpoints = [], []
+        for handler in (broken, login_page):
+            app = web.Application()
+            app.router.add_get("/metrics", handler)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            runners.append(runner)
+            endpoints.append(f"127.0.0.1:{port}")
+        try:
+            async with aiohttp.ClientSession() as client:
+                await scrape(client, endpoints, loads)
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+        return endpoints
 
-    asyncio.run(one_pass())
-    assert loads.is_down("broken:8000") and loads.is_down("html:8000")
+    for endpoint in asyncio.run(one_pass()):
+        assert loads.is_down(endpoint)
 
 
 # -- Loads -------------------------------------------------------------------------------------
