@@ -25,6 +25,8 @@ class EngineConfig:
     # int4 only: weights per scale and minimum (why 32 by default: precision.py).
     quantization_group_size: int = precision.INT4_DEFAULT_GROUP_SIZE
     kv_cache_dtype: str = precision.DEFAULT_KV_CACHE_DTYPE
+    # lm_head (and the embedding table when tied to it): none or int8 per vocabulary row.
+    lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -53,6 +55,11 @@ class EngineConfig:
                 self.kv_cache_dtype in precision.KV_CACHE_DTYPES,
                 f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported "
                 f"({', '.join(precision.KV_CACHE_DTYPES)})",
+            ),
+            (
+                self.lm_head_quantization in precision.LM_HEAD_QUANTIZATIONS,
+                f"lm_head_quantization {self.lm_head_quantization!r} is not supported "
+                f"({', '.join(precision.LM_HEAD_QUANTIZATIONS)}: int8 per vocabulary row)",
             ),
         ]
         for ok, message in rules:

@@ -23,6 +23,8 @@ _HELP = {
     "quantization_group_size": f"int4: weights per scale and minimum ({_GROUPS})",
     "kv_cache_dtype": "KV cache precision: auto (the model dtype), int8 (per-token-per-head "
     f"scales; ~4x the tokens of float32, ~2x of 16-bit) or fp8 ({_FP8})",
+    "lm_head_quantization": "lm_head weights: none (the model dtype) or int8 per vocabulary row; "
+    "with tied embeddings the embedding lookup reads the same int8 rows",
     "seed": "seed for requests that bring none",
 }
 

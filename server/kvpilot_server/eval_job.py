@@ -31,12 +31,15 @@ class Job:
     new_tokens: int
     speed_tokens: int  # 0: no speed measurement
     continuations: list[list[int]] | None = None  # the baseline's; None: this is the baseline
+    lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION
 
     @property
     def name(self) -> str:
         kv = "" if self.kv_cache_dtype == "auto" else f"+kv-{self.kv_cache_dtype}"
         group = f"-g{self.group_size}" if self.quantization == "int4" else ""
-        return f"{self.quantization}{group}{kv}"
+        lm_head = self.lm_head_quantization
+        head = "" if lm_head == precision.DEFAULT_LM_HEAD_QUANTIZATION else f"+lm_head-{lm_head}"
+        return f"{self.quantization}{group}{head}{kv}"
 
 
 def run_job(job: Job) -> dict:
@@ -57,6 +60,7 @@ def run_job(job: Job) -> dict:
         quantization=job.quantization,
         quantization_group_size=job.group_size,
         kv_cache_dtype=job.kv_cache_dtype,
+        lm_head_quantization=job.lm_head_quantization,
         # Room for the speed batch at full length: the same token capacity in every config.
         kv_cache_bytes=max_len * SPEED_BATCH * per_token,
         max_model_len=max_len,

@@ -36,14 +36,28 @@ def default_text() -> str:
     return "\n\n".join(prose)
 
 
-def parse_configs(spec: str, kv_default: str, group_default: int) -> list[tuple[str, int, str]]:
-    """'none,int8,int4-g64:int8' -> [(quantization, group size, kv_cache_dtype), ...];
-    '-gN' and ':KV' override --quantization-group-size and --kv-cache-dtype for one config."""
+LM_HEAD = "+lm_head-"  # a config's lm_head suffix, e.g. int4-g32+lm_head-int8
+
+
+def parse_configs(
+    spec: str, kv_default: str, group_default: int
+) -> list[tuple[str, int, str, str]]:
+    """'none,int8+lm_head-int8,int4-g64:int8' -> [(quantization, group size, kv_cache_dtype,
+    lm_head_quantization), ...]; '-gN', '+lm_head-Q' and ':KV' override
+    --quantization-group-size, the unquantized lm_head and --kv-cache-dtype for one config."""
     configs = []
     for item in filter(None, (s.strip() for s in spec.split(","))):
         weights, _, kv = item.partition(":")
+        weights, _, lm_head = weights.partition(LM_HEAD)
         quantization, _, group = weights.partition("-g")
-        configs.append((quantization, int(group) if group else group_default, kv or kv_default))
+        configs.append(
+            (
+                quantization,
+                int(group) if group else group_default,
+                kv or kv_default,
+                lm_head or precision.DEFAULT_LM_HEAD_QUANTIZATION,
+            )
+        )
     return configs
 
 
@@ -52,7 +66,8 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--configs",
         default="none,int8,int4",
-        help="weight quantizations, QUANT[-gGROUP][:KV_DTYPE], e.g. none,int8,int4-g64:int8",
+        help="weight quantizations, QUANT[-gGROUP][+lm_head-int8][:KV_DTYPE], "
+        "e.g. none,int8,int4-g64:int8,int4+lm_head-int8",
     )
     parser.add_argument(
         "--kv-cache-dtype",
@@ -94,18 +109,20 @@ def run_eval(args: argparse.Namespace) -> int:
     none, auto = precision.DEFAULT_QUANTIZATION, precision.DEFAULT_KV_CACHE_DTYPE
     group = precision.INT4_DEFAULT_GROUP_SIZE
     baseline_job = Job(quantization=none, group_size=group, kv_cache_dtype=auto, **base)
-    configs = [c for c in configs if c[0] != none or c[2] != auto]
+    unquantized = (none, auto, precision.DEFAULT_LM_HEAD_QUANTIZATION)
+    configs = [c for c in configs if (c[0], c[2], c[3]) != unquantized]
     baseline = _in_fresh_process(baseline_job)
     if "error" in baseline:
         print(f"kvpilot eval: baseline failed: {baseline['error']}", file=sys.stderr)
         return 1
     continuations = baseline.pop("continuations")
     results = {"none": baseline}
-    for quantization, group, kv in configs:
+    for quantization, group, kv, lm_head in configs:
         job = Job(
             quantization=quantization,
             group_size=group,
             kv_cache_dtype=kv,
+            lm_head_quantization=lm_head,
             continuations=continuations,
             **base,
         )
@@ -147,11 +164,12 @@ _COLUMNS = [
 
 
 def _table(results: dict[str, dict]) -> str:
-    lines = [f"{'config':<16}" + "".join(f"{title:>12}" for _, title in _COLUMNS)]
+    width = max(16, *(len(name) + 1 for name in results))
+    lines = [f"{'config':<{width}}" + "".join(f"{title:>12}" for _, title in _COLUMNS)]
     for name, figures in results.items():
         if "error" in figures:
-            lines.append(f"{name:<16}  error: {figures['error']}")
+            lines.append(f"{name:<{width}}  error: {figures['error']}")
             continue
         cells = [figures.get(key, "-") for key, _ in _COLUMNS]
-        lines.append(f"{name:<16}" + "".join(f"{cell:>12}" for cell in cells))
+        lines.append(f"{name:<{width}}" + "".join(f"{cell:>12}" for cell in cells))
     return "\n".join(lines)

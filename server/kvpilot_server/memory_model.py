@@ -2,8 +2,9 @@
 imports nothing heavy, so the operator can decide before creating pods whether a model fits.
 
 weights   = params in the linear layers x bytes per weight (quantization; int4 adds a float32
-            scale and minimum per group) + embeddings and lm_head at the model dtype (they
-            stay unquantized)
+            scale and minimum per group) + embeddings and lm_head at the model dtype, or with
+            an int8 lm_head one byte per lm_head weight and a float32 scale per vocabulary row
+            (tied: the embedding reads the same int8 table; untied: it keeps the model dtype)
 kv/token  = 2 (K and V) x layers x kv_heads x (head_dim x bytes per KV element
             + a float32 scale when the KV cache is quantized: one per token per kv head)
 kv budget = (device memory - weights - runtime headroom) x kv fraction
@@ -142,11 +143,15 @@ def weight_bytes(
     dtype: str,
     quantization: str = precision.DEFAULT_QUANTIZATION,
     group_size: int = precision.INT4_DEFAULT_GROUP_SIZE,
+    lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION,
 ) -> int:
     full = _dtype_bytes(dtype)
     per_weight = precision.bytes_per_weight(quantization, full, group_size)
     linear = shape.params - shape.embedding_params
-    return int(linear * per_weight + shape.embedding_params * full)
+    embeddings = precision.lm_head_bytes(
+        lm_head_quantization, shape.vocab, shape.hidden, shape.tied_embeddings, full
+    )
+    return int(linear * per_weight) + embeddings
 
 
 def kv_bytes_per_token(
@@ -173,8 +178,9 @@ def plan(
     kv_fraction: float = 0.9,
     headroom_bytes: int = RUNTIME_HEADROOM_BYTES,
     group_size: int = precision.INT4_DEFAULT_GROUP_SIZE,
+    lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION,
 ) -> Plan:
-    weights = weight_bytes(shape, dtype, quantization, group_size)
+    weights = weight_bytes(shape, dtype, quantization, group_size, lm_head_quantization)
     free = memory_bytes - weights - headroom_bytes
     return Plan(
         weight_bytes=weights,

@@ -45,6 +45,12 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
         default=precision.DEFAULT_KV_CACHE_DTYPE,
         choices=list(precision.KV_CACHE_DTYPES),
     )
+    parser.add_argument(
+        "--lm-head-quantization",
+        default=precision.DEFAULT_LM_HEAD_QUANTIZATION,
+        choices=list(precision.LM_HEAD_QUANTIZATIONS),
+        help="int8: lm_head (and tied embeddings) at one byte per weight",
+    )
     parser.add_argument("--max-model-len", type=int, help="default: the model's own limit")
     parser.add_argument("--kv-cache-memory-fraction", type=float, default=0.9)
     parser.add_argument("--json", action="store_true", help="print JSON only")
@@ -71,6 +77,7 @@ def run_plan(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         quantization=args.quantization,
         group_size=args.quantization_group_size,
+        lm_head_quantization=args.lm_head_quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         kv_fraction=args.kv_cache_memory_fraction,
     )

@@ -120,6 +120,27 @@ def bytes_per_weight(quantization: str, dtype_bytes: int, group_size: int) -> fl
     return per_weight + q.bytes_per_group / group_size if q.grouped else per_weight
 
 
+# -- lm_head (and tied embeddings) ------------------------------------------------------------
+
+# The vocabulary projection's own option: int8 per output row (quantize_int8's format). With
+# tied embeddings (SmolLM2, Qwen2.5-0.5B) one int8 table serves lm_head and the embedding lookup;
+# untied, only lm_head is quantized and the embedding stays exact. Any device and dtype: the AVX2
+# kernel serves CPU float32 decode batches, elsewhere rows are expanded a chunk at a time.
+LM_HEAD_QUANTIZATIONS = _table(QUANTIZATIONS["none"], QUANTIZATIONS["int8"])
+DEFAULT_LM_HEAD_QUANTIZATION = "none"  # float output stays equal to Hugging Face's
+LM_HEAD_SCALE_BYTES = 4  # a float32 scale per vocabulary row
+
+
+def lm_head_bytes(quantization: str, vocab: int, hidden: int, tied: bool, dtype_bytes: int) -> int:
+    """Bytes of lm_head and the embedding table together, by the lm_head quantization."""
+    full = vocab * hidden * dtype_bytes
+    q = LM_HEAD_QUANTIZATIONS[quantization]
+    if q.bytes_per_weight is None:
+        return full if tied else 2 * full
+    head = int(vocab * hidden * q.bytes_per_weight) + vocab * LM_HEAD_SCALE_BYTES
+    return head if tied else head + full  # untied: the embedding keeps the model dtype
+
+
 # -- KV cache ---------------------------------------------------------------------------------
 
 

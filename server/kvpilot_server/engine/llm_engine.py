@@ -19,6 +19,7 @@ from kvpilot_server.engine import kv_cache
 from kvpilot_server.engine.block_pool import BlockPool
 from kvpilot_server.engine.detokenizer import Detokenizer
 from kvpilot_server.engine.inputs import InputProcessor
+from kvpilot_server.engine.lm_head_quant import quantize_lm_head
 from kvpilot_server.engine.loader import load_model
 from kvpilot_server.engine.model_runner import ModelRunner
 from kvpilot_server.engine.quant import quantize
@@ -60,6 +61,7 @@ class LLMEngine:
         path = self.model_path = resolve_model(config.model)
         self.model = load_model(path, self.dtype, self.device)
         quantize(self.model, config.quantization, self.device, config.quantization_group_size)
+        quantize_lm_head(self.model, config.lm_head_quantization, self.device)
         self.tokenizer: PreTrainedTokenizerBase = _tokenizer(path)
         cfg = self.model.cfg
         if config.max_model_len is None:

@@ -32,9 +32,10 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
-        self.device = model.embed_tokens.weight.device
+        # The final norm's weight: the embedding table may be int8 (lm_head_quant.py).
+        self.device = model.norm.weight.device
         cos, sin = rope_tables(model.cfg, max_len)
-        dtype = model.embed_tokens.weight.dtype
+        dtype = model.norm.weight.dtype
         self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
         self.windows = sorted(set(model.cfg.layer_windows), key=lambda w: w or 0)
         self.kernel = kernel
