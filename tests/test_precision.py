@@ -23,6 +23,11 @@ FIELDS = {
     "dtype": (precision.DTYPES, precision.DEFAULT_DTYPE, "dtype"),
     "quantization": (precision.QUANTIZATIONS, precision.DEFAULT_QUANTIZATION, "quantization"),
     "kvCacheDtype": (precision.KV_CACHE_DTYPES, precision.DEFAULT_KV_CACHE_DTYPE, "kv_cache_dtype"),
+    "lmHeadQuantization": (
+        precision.LM_HEAD_QUANTIZATIONS,
+        precision.DEFAULT_LM_HEAD_QUANTIZATION,
+        "lm_head_quantization",
+    ),
 }
 
 

@@ -1,6 +1,12 @@
 """The pod's file layout and the `kvpilot serve` flags a ModelDeployment's spec turns into."""
 
-from kvpilot_operator.fit import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, cpu_kv_cache_bytes
+from kvpilot_operator.fit import (
+    DTYPES,
+    KV_CACHE_DTYPES,
+    LM_HEAD_QUANTIZATIONS,
+    QUANTIZATIONS,
+    cpu_kv_cache_bytes,
+)
 from kvpilot_operator.source import problem, pvc
 from kvpilot_server import precision
 
@@ -54,6 +60,9 @@ def engine_args(spec: dict, name: str) -> list[str]:
     kv_cache_dtype = KV_CACHE_DTYPES[engine["kvCacheDtype"]].name
     if kv_cache_dtype != precision.DEFAULT_KV_CACHE_DTYPE:
         args["--kv-cache-dtype"] = kv_cache_dtype
+    lm_head = LM_HEAD_QUANTIZATIONS[engine["lmHeadQuantization"]].name
+    if lm_head != precision.DEFAULT_LM_HEAD_QUANTIZATION:
+        args["--lm-head-quantization"] = lm_head
     if spec.get("auth", {}).get("apiKeySecretRef"):
         args["--api-key-file"] = f"{KEYS_DIR}/{spec['auth']['apiKeySecretRef']['key']}"
     # One word per flag, --flag=value: argparse reads `--served-model-name -x` as two flags and

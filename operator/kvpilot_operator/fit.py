@@ -25,6 +25,7 @@ CPU_HEADROOM_BYTES = 1 << 30
 DTYPES = precision.by_crd(precision.DTYPES)
 QUANTIZATIONS = precision.by_crd(precision.QUANTIZATIONS)
 KV_CACHE_DTYPES = precision.by_crd(precision.KV_CACHE_DTYPES)
+LM_HEAD_QUANTIZATIONS = precision.by_crd(precision.LM_HEAD_QUANTIZATIONS)
 # The model cache volume's size limit (an emptyDir's sizeLimit: the kubelet evicts the pod that
 # writes more, rather than a runaway download filling the node's disk and evicting others).
 # Derived from the model, not one default, because a 135M and a 70B model differ 500-fold. On disk
@@ -76,6 +77,7 @@ def _plan(spec: dict, shape: ModelShape, memory: int):
         quantization=QUANTIZATIONS[engine["quantization"]].name,
         group_size=engine["quantizationGroupSize"],
         kv_cache_dtype=KV_CACHE_DTYPES[engine["kvCacheDtype"]].name,
+        lm_head_quantization=LM_HEAD_QUANTIZATIONS[engine["lmHeadQuantization"]].name,
         kv_fraction=engine["kvCacheMemoryPercent"] / 100,
         **({} if gpu else {"headroom_bytes": CPU_HEADROOM_BYTES}),
     )
