@@ -18,7 +18,10 @@ import sys
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default="none,int8,int4,int4-g64,none:int8,int8:int8")
+    parser.add_argument(
+        "--configs",
+        default="none,int8,int4,int4-g64,none:int8,int8:int8,int8+lm_head-int8,int4+lm_head-int8",
+    )
     parser.add_argument("--tokens", default="4096", help="perplexity tokens")
     args = parser.parse_args()
     command = [sys.executable, "-m", "kvpilot_server.cli", "eval", "--json"]
