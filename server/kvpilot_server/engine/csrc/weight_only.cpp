@@ -1,5 +1,8 @@
-// Weight-only quantized linear layers on x86 with AVX2/FMA: y = x W^T (+ bias), where W is
-// stored as int8 (one scale per output row) or int4 (a scale and a minimum per group of inputs).
+// Decode-sized linear layers on x86 with AVX2/FMA: y = x W^T (+ bias), where W is stored as
+// int8 (one scale per output row), int4 (a scale and a minimum per group of inputs) or plain
+// float32. For float32 the point is the threading: MKL runs a one-row product on one core and a
+// few rows as separate products, reading the weights at well under the machine's bandwidth,
+// while this loop splits output rows across every core and streams each weight row once.
 //
 // Decode is memory-bound: int8 weights are a quarter of the bytes of float32 ones, int4 an
 // eighth. Activations stay float32, so there is no activation quantization error (LLM
@@ -58,6 +61,19 @@ struct Int4Weights {
     hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(high)), s, m);
   }
   float at(int64_t, int64_t) const { return 0.0f; }  // never called: in % 16 == 0
+  float row_scale(int64_t) const { return 1.0f; }
+};
+
+// float32, as stored by the model: nothing to widen.
+struct Float32Weights {
+  const float* w;
+  int64_t in;
+
+  void load(int64_t o, int64_t i, __m256& lo, __m256& hi) const {
+    lo = _mm256_loadu_ps(w + o * in + i);
+    hi = _mm256_loadu_ps(w + o * in + i + 8);
+  }
+  float at(int64_t o, int64_t i) const { return w[o * in + i]; }
   float row_scale(int64_t) const { return 1.0f; }
 };
 
@@ -156,6 +172,13 @@ Int4Weights int4_weights(const torch::Tensor& q, const torch::Tensor& scale,
 
 }  // namespace
 
+torch::Tensor float32_linear(torch::Tensor x, torch::Tensor w,
+                             c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.is_contiguous(), "w: contiguous float32");
+  TORCH_CHECK(x.size(1) == w.size(1), "x and w: in features differ");
+  return matmul(Float32Weights{w.data_ptr<float>(), w.size(1)}, x, w.size(0), bias);
+}
+
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
                           c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.size(1) == q.size(1), "x and q: in features differ");
@@ -179,6 +202,7 @@ void int4_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor minimum
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("float32_linear", &float32_linear, "float32 linear for a few rows, all cores (AVX2)");
   m.def("int8_linear", &int8_linear, "weight-only int8 linear (AVX2)");
   m.def("int4_linear", &int4_linear, "weight-only group-wise int4 linear (AVX2)");
   m.def("int8_dequantize", &int8_dequantize, "int8 weight -> float32, into a given buffer");
