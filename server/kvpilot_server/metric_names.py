@@ -19,6 +19,8 @@ REQUESTS = "kvpilot_requests_total"  # vllm:request_success_total (ours counts e
 PREEMPTIONS = "kvpilot_preemptions_total"  # vllm:num_preemptions_total
 PREFIX_CACHE_QUERIES = "kvpilot_prefix_cache_queries_total"  # vllm:prefix_cache_queries_total
 PREFIX_CACHE_HITS = "kvpilot_prefix_cache_hits_total"  # vllm:prefix_cache_hits_total
+# Prompt tokens the model computed (requested minus cache hits, plus recomputation).
+PREFILL_TOKENS = "kvpilot_prefill_tokens_total"  # no vLLM counterpart
 ENGINE_INFO = "kvpilot_engine_info"  # vllm:cache_config_info
 
 # The same state under vLLM's own names, for consumers that cannot be pointed at ours: the

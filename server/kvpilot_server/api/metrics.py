@@ -39,6 +39,7 @@ class EngineCollector:
             (names.PREEMPTIONS, "Preemptions", stats.num_preemptions),
             (names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up", stats.prefix_cache_queries),
             (names.PREFIX_CACHE_HITS, "Prompt tokens served from cache", stats.prefix_cache_hits),
+            (names.PREFILL_TOKENS, "Prompt tokens computed", stats.num_prefill_tokens),
         ]:
             counter = CounterMetricFamily(name.removesuffix("_total"), doc, labels=["model"])
             counter.add_metric([self.model], value)

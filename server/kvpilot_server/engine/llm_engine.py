@@ -51,6 +51,8 @@ class EngineStats:
     num_preemptions: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+    # Prompt tokens the model computed: cache hits excluded, recomputation after preemption in.
+    num_prefill_tokens: int = 0
 
 
 class LLMEngine:
@@ -212,6 +214,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=self.pool.num_queries,
             prefix_cache_hits=self.pool.num_hits,
+            num_prefill_tokens=self.scheduler.num_prefill_tokens,
         )
 
 

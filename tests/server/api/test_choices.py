@@ -1,5 +1,5 @@
-"""n choices per request, and the per-token inter-token-latency histogram, through the official
-client against a live server."""
+"""n choices per request (one prefill for all, by the prefill token counter), and the per-token
+inter-token-latency histogram, through the official client against a live server."""
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -53,12 +53,16 @@ def test_streamed_choices_equal_non_streamed(client):
     assert chunks[-1].usage.completion_tokens == 16 and not chunks[-1].choices
 
 
-def _histogram_count(base: str, name: str) -> float:
+def _metric(base: str, name: str) -> float:
     for family in text_string_to_metric_families(httpx.get(f"{base}/metrics").text):
         for sample in family.samples:
-            if sample.name == f"{name}_count":
+            if sample.name == name:
                 return sample.value
     raise AssertionError(f"{name} missing")
+
+
+def _histogram_count(base: str, name: str) -> float:
+    return _metric(base, f"{name}_count")
 
 
 def test_inter_token_latency_is_observed_per_token(client, tiny_server):
@@ -66,3 +70,20 @@ def test_inter_token_latency_is_observed_per_token(client, tiny_server):
     client.completions.create(model="tiny", prompt="A", n=2, **SAMPLED)
     after = _histogram_count(tiny_server, names.INTER_TOKEN_LATENCY)
     assert after - before == 2 * (8 - 1)  # every gap between two tokens of each choice
+
+
+def test_four_choices_cost_one_prefill(client, tiny_server, corpus_ids, tiny_dir, hf_greedy):
+    from transformers import AutoTokenizer
+
+    prompt, block = corpus_ids[311:511], 16  # 200 tokens no earlier test has cached
+    before = _metric(tiny_server, names.PREFILL_TOKENS)
+    out = client.completions.create(
+        model="tiny", prompt=prompt, n=4, max_tokens=8, temperature=0, logprobs=0
+    )
+    computed = _metric(tiny_server, names.PREFILL_TOKENS) - before
+    # One prefill, plus at most the last, partial block for each later choice.
+    assert len(prompt) <= computed <= len(prompt) + 3 * (len(prompt) % block)
+    path = tiny_dir("llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    expected = [tokenizer.decode([t]) for t in hf_greedy(path, prompt, 8)]
+    assert [c.logprobs.tokens for c in out.choices] == [expected] * 4
