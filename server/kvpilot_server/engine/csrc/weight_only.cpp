@@ -133,6 +133,79 @@ torch::Tensor matmul(const W& w, const torch::Tensor& x_in, int64_t out,
   return y;
 }
 
+// int4 against R input rows, one output row, with the affine part folded out of the inner
+// loop: over a group, sum_i x_i (q_i s + m) = s sum_i x_i q_i + m sum_i x_i. The inner loop
+// only widens q and multiplies; the scale is applied once per group on the accumulator, and the
+// minimum against each row's group sum of x (computed once per call, shared by every output).
+template <int R>
+void dot_rows_int4(const Int4Weights& w, int64_t o, const float* x, const float* xsum,
+                   float* sums) {
+  const int64_t in = w.in, groups = in / w.group;
+  const uint8_t* qrow = w.q + o * in / 2;
+  const float* srow = w.scale + o * groups;
+  const float* mrow = w.minimum + o * groups;
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  __m256 acc[R];
+  float offset[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offset[r] = 0.0f;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 part[R];
+    for (int r = 0; r < R; ++r) part[r] = _mm256_setzero_ps();
+    for (int64_t i = g * w.group; i < (g + 1) * w.group; i += 16) {
+      __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qrow + i / 2));
+      __m128i low = _mm_and_si128(packed, mask);
+      __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+      const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(low));
+      const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(high));
+      for (int r = 0; r < R; ++r) {
+        part[r] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + r * in + i), part[r]);
+        part[r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + r * in + i + 8), part[r]);
+      }
+    }
+    const __m256 scale = _mm256_set1_ps(srow[g]);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(part[r], scale, acc[r]);
+      offset[r] += mrow[g] * xsum[r * groups + g];
+    }
+  }
+  for (int r = 0; r < R; ++r) sums[r] = hsum(acc[r]) + offset[r];
+}
+
+torch::Tensor matmul_int4(const Int4Weights& w, const torch::Tensor& x_in, int64_t out,
+                          const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32, "x: 2-D float32");
+  auto x = x_in.contiguous();
+  const int64_t rows = x.size(0), in = x.size(1), groups = in / w.group;
+  auto y = torch::empty({rows, out}, x.options());
+  // Each row's sum over each group of inputs: the minimum's share of every output.
+  auto xsum = x.view({rows, groups, w.group}).sum(2).contiguous();
+  const float* xp = x.data_ptr<float>();
+  const float* sp = xsum.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < out; ++o) {
+    float sums[kBlock];
+    for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+      const float* xr = xp + r0 * in;
+      const float* sr = sp + r0 * groups;
+      switch (std::min<int64_t>(kBlock, rows - r0)) {
+        case 1: dot_rows_int4<1>(w, o, xr, sr, sums); break;
+        case 2: dot_rows_int4<2>(w, o, xr, sr, sums); break;
+        case 3: dot_rows_int4<3>(w, o, xr, sr, sums); break;
+        case 4: dot_rows_int4<4>(w, o, xr, sr, sums); break;
+        case 5: dot_rows_int4<5>(w, o, xr, sr, sums); break;
+        case 6: dot_rows_int4<6>(w, o, xr, sr, sums); break;
+        case 7: dot_rows_int4<7>(w, o, xr, sr, sums); break;
+        default: dot_rows_int4<8>(w, o, xr, sr, sums); break;
+      }
+      const int64_t n = std::min<int64_t>(kBlock, rows - r0);
+      for (int64_t r = 0; r < n; ++r) yp[(r0 + r) * out + o] = sums[r] + (bp ? bp[o] : 0.0f);
+    }
+  }
+  return y;
+}
+
 template <typename W>
 void expand(const W& w, int64_t out, int64_t in, torch::Tensor& dense) {
   TORCH_CHECK(dense.scalar_type() == torch::kFloat32 && dense.is_contiguous() &&
@@ -189,7 +262,7 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
                           torch::Tensor minimum, int64_t group,
                           c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.size(1) == q.size(1) * 2, "x and q: in features differ");
-  return matmul(int4_weights(q, scale, minimum, group), x, q.size(0), bias);
+  return matmul_int4(int4_weights(q, scale, minimum, group), x, q.size(0), bias);
 }
 
 void int8_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor dense) {
