@@ -100,37 +100,61 @@ void dot_rows(const W& w, int64_t o, const float* x, int64_t in, float* sums) {
 
 constexpr int kBlock = 8;  // input rows per pass: 8 accumulators + 2 weight registers of 16
 
-template <typename W>
-torch::Tensor matmul(const W& w, const torch::Tensor& x_in, int64_t out,
-                     const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32, "x: 2-D float32");
-  auto x = x_in.contiguous();
-  const int64_t rows = x.size(0), in = x.size(1);
-  auto y = torch::empty({rows, out}, x.options());
-  const float* xp = x.data_ptr<float>();
+// y = x W^T + bias for every output row, split across threads; `dot.template rows<R>(o, r0,
+// sums)` gives R consecutive input rows' results for output row o (R a compile-time count so
+// the accumulators stay in registers).
+template <typename Dot>
+torch::Tensor product(const Dot& dot, int64_t rows, int64_t out, const torch::Tensor& like,
+                      const c10::optional<torch::Tensor>& bias) {
+  auto y = torch::empty({rows, out}, like.options());
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
 #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < out; ++o) {
     float sums[kBlock];
     for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
-      const float* xr = xp + r0 * in;
-      switch (std::min<int64_t>(kBlock, rows - r0)) {
-        case 1: dot_rows<1>(w, o, xr, in, sums); break;
-        case 2: dot_rows<2>(w, o, xr, in, sums); break;
-        case 3: dot_rows<3>(w, o, xr, in, sums); break;
-        case 4: dot_rows<4>(w, o, xr, in, sums); break;
-        case 5: dot_rows<5>(w, o, xr, in, sums); break;
-        case 6: dot_rows<6>(w, o, xr, in, sums); break;
-        case 7: dot_rows<7>(w, o, xr, in, sums); break;
-        default: dot_rows<8>(w, o, xr, in, sums); break;
-      }
       const int64_t n = std::min<int64_t>(kBlock, rows - r0);
-      for (int64_t r = 0; r < n; ++r)
-        yp[(r0 + r) * out + o] = sums[r] * w.row_scale(o) + (bp ? bp[o] : 0.0f);
+      switch (n) {
+        case 1: dot.template rows<1>(o, r0, sums); break;
+        case 2: dot.template rows<2>(o, r0, sums); break;
+        case 3: dot.template rows<3>(o, r0, sums); break;
+        case 4: dot.template rows<4>(o, r0, sums); break;
+        case 5: dot.template rows<5>(o, r0, sums); break;
+        case 6: dot.template rows<6>(o, r0, sums); break;
+        case 7: dot.template rows<7>(o, r0, sums); break;
+        default: dot.template rows<8>(o, r0, sums); break;
+      }
+      for (int64_t r = 0; r < n; ++r) yp[(r0 + r) * out + o] = sums[r] + (bp ? bp[o] : 0.0f);
     }
   }
   return y;
+}
+
+torch::Tensor rows_of(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: 2-D float32");
+  return x.contiguous();
+}
+
+// Any format with load(): the weight widened chunk by chunk, its row scale applied at the end.
+template <typename W>
+struct WidenedDot {
+  const W& w;
+  const float* x;
+  int64_t in;
+
+  template <int R>
+  void rows(int64_t o, int64_t r0, float* sums) const {
+    dot_rows<R>(w, o, x + r0 * in, in, sums);
+    for (int r = 0; r < R; ++r) sums[r] *= w.row_scale(o);
+  }
+};
+
+template <typename W>
+torch::Tensor matmul(const W& w, const torch::Tensor& x_in, int64_t out,
+                     const c10::optional<torch::Tensor>& bias) {
+  auto x = rows_of(x_in);
+  const WidenedDot<W> dot{w, x.data_ptr<float>(), x.size(1)};
+  return product(dot, x.size(0), out, x, bias);
 }
 
 // int4 against R input rows, one output row, with the affine part folded out of the inner
@@ -171,39 +195,25 @@ void dot_rows_int4(const Int4Weights& w, int64_t o, const float* x, const float*
   for (int r = 0; r < R; ++r) sums[r] = hsum(acc[r]) + offset[r];
 }
 
+struct Int4Dot {
+  const Int4Weights& w;
+  const float* x;
+  const float* xsum;
+
+  template <int R>
+  void rows(int64_t o, int64_t r0, float* sums) const {
+    dot_rows_int4<R>(w, o, x + r0 * w.in, xsum + r0 * (w.in / w.group), sums);
+  }
+};
+
 torch::Tensor matmul_int4(const Int4Weights& w, const torch::Tensor& x_in, int64_t out,
                           const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32, "x: 2-D float32");
-  auto x = x_in.contiguous();
-  const int64_t rows = x.size(0), in = x.size(1), groups = in / w.group;
-  auto y = torch::empty({rows, out}, x.options());
+  auto x = rows_of(x_in);
+  const int64_t rows = x.size(0);
   // Each row's sum over each group of inputs: the minimum's share of every output.
-  auto xsum = x.view({rows, groups, w.group}).sum(2).contiguous();
-  const float* xp = x.data_ptr<float>();
-  const float* sp = xsum.data_ptr<float>();
-  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < out; ++o) {
-    float sums[kBlock];
-    for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
-      const float* xr = xp + r0 * in;
-      const float* sr = sp + r0 * groups;
-      switch (std::min<int64_t>(kBlock, rows - r0)) {
-        case 1: dot_rows_int4<1>(w, o, xr, sr, sums); break;
-        case 2: dot_rows_int4<2>(w, o, xr, sr, sums); break;
-        case 3: dot_rows_int4<3>(w, o, xr, sr, sums); break;
-        case 4: dot_rows_int4<4>(w, o, xr, sr, sums); break;
-        case 5: dot_rows_int4<5>(w, o, xr, sr, sums); break;
-        case 6: dot_rows_int4<6>(w, o, xr, sr, sums); break;
-        case 7: dot_rows_int4<7>(w, o, xr, sr, sums); break;
-        default: dot_rows_int4<8>(w, o, xr, sr, sums); break;
-      }
-      const int64_t n = std::min<int64_t>(kBlock, rows - r0);
-      for (int64_t r = 0; r < n; ++r) yp[(r0 + r) * out + o] = sums[r] + (bp ? bp[o] : 0.0f);
-    }
-  }
-  return y;
+  auto xsum = x.view({rows, w.in / w.group, w.group}).sum(2).contiguous();
+  const Int4Dot dot{w, x.data_ptr<float>(), xsum.data_ptr<float>()};
+  return product(dot, rows, out, x, bias);
 }
 
 template <typename W>
