@@ -29,6 +29,11 @@ DEFAULT_VENV = Path.home() / ".cache" / "kvpilot" / "llamacpp-venv"
 N_CTX = 1024  # longest workload request: 512 prompt + 256 output tokens
 
 
+def log(message: str) -> None:
+    # Progress on stderr: a full run takes minutes, stdout carries only the JSON.
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def ensure_llamacpp(venv: Path, jobs: int) -> Path:
     """The venv's python, with llama_cpp importable; builds it there first if needed."""
     python = venv / "bin" / "python"
@@ -57,6 +62,7 @@ def llamacpp_worker() -> None:
     import llama_cpp
 
     job = json.load(sys.stdin)
+    log("llama.cpp: loading the GGUF")
     threads = os.cpu_count()
     llm = llama_cpp.Llama(
         job["gguf"], n_threads=threads, n_threads_batch=threads, n_ctx=N_CTX, verbose=False
@@ -72,11 +78,14 @@ def llamacpp_worker() -> None:
                 break
         return out, stamps
 
+    log("llama.cpp: batch-1 decode")
+    greedy(job["prompt"], 4)  # warm-up: the first eval repacks weights (seconds)
     tokens, samples = job["decode_tokens"], []
     for _ in range(job["runs"]):
         # The first token carries the prefill; the next `tokens` stamps are pure decode steps.
         out, stamps = greedy(job["prompt"], tokens + 1)
         samples.append((stamps[-1] - stamps[0]) * 1000 / tokens)
+    log("llama.cpp: sequential workload")
     start = time.perf_counter()
     produced = sum(len(greedy(prompt, m)[0]) for prompt, m in job["requests"])
     elapsed = time.perf_counter() - start
@@ -110,7 +119,7 @@ def machine() -> dict:
         "cpus": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
         "cpu_flags": [f for f in wanted if f in flags],
-        "load_avg_1m_before": os.getloadavg()[0],
+        "load_avg_1m_before": _load(),
     }
 
 
@@ -131,9 +140,13 @@ def measure_kvpilot(quantization: str, dtype: str, prompt, requests, args) -> di
         # Off: the same prompts run several times here, and llama.cpp prefills each in full.
         enable_prefix_caching=False,
     )
+    log(f"kvpilot {quantization} {dtype}: batch-1 decode")
+    # Warm-up: the first steps build kernels and allocate; no timed run should pay for that.
+    llm.generate(prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     ms = decode_ms_per_token(llm, prompt, args.decode_tokens, args.runs)
     greedy = SamplingParams(max_tokens=args.decode_tokens + 1, temperature=0.0, ignore_eos=True)
     tokens = llm.generate(prompt, greedy)[0].outputs[0].token_ids
+    log(f"kvpilot {quantization} {dtype}: sequential, then continuous batching")
     start, produced = time.perf_counter(), 0
     for ids, m in requests:
         params = SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True)
@@ -146,8 +159,15 @@ def measure_kvpilot(quantization: str, dtype: str, prompt, requests, args) -> di
         "batch1_ms_per_token": round(ms, 2),
         "sequential": _rate(elapsed, produced),
         "continuous_batching": run_kvpilot(llm, requests),
+        "load_avg_1m_after": _load(),
     }
     return figures | {"greedy_tokens": list(tokens)}
+
+
+def _load() -> float:
+    # Others share this machine: rerun when the load before a run is over 1.5. The run's own
+    # threads count too, so the figures taken after it sit near the core count.
+    return round(os.getloadavg()[0], 2)
 
 
 def _rate(elapsed: float, produced: int) -> dict:
@@ -223,15 +243,18 @@ def main() -> None:
             "text_ids": tokenizer(text).input_ids,
         }
         command = [str(python), __file__, "--worker"]
-        done = subprocess.run(command, input=json.dumps(job), capture_output=True, text=True)
+        # stderr passes through: the worker's progress and any llama.cpp error show as they come.
+        done = subprocess.run(command, input=json.dumps(job), stdout=subprocess.PIPE, text=True)
         if done.returncode != 0:
-            sys.exit(f"llama.cpp worker failed ({done.returncode}):\n{done.stderr[-4000:]}")
+            sys.exit(f"llama.cpp worker failed with exit code {done.returncode}")
         peer = json.loads(done.stdout)
         seq = peer.pop("sequential")
         peer["sequential"] = _rate(seq["elapsed_s"], seq["output_tokens"])
         peer["batch1_ms_per_token"] = round(peer["batch1_ms_per_token"], 2)
         # The GGUF ties lm_head to token_embd, stored Q8_0; kvpilot's lm_head stays float32.
         peer["weights"] = "Q4_1 linears, Q8_0 token_embd/lm_head (tied)"
+        # llama.cpp's OpenMP threads collapse when another process takes a core: keep the load.
+        peer["load_avg_1m_after"] = _load()
         engines["llamacpp"] = peer
         base = peer["batch1_ms_per_token"]
         result["ratios"] = {
@@ -254,7 +277,7 @@ def main() -> None:
         if key != "kvpilot_int4":
             figures["greedy_prefix_agreeing_with_kvpilot_int4"] = _agreement(reference, tokens)
     result["engines"] = engines
-    result["machine"]["load_avg_1m_after"] = os.getloadavg()[0]
+    result["machine"]["load_avg_1m_after"] = _load()
     print(json.dumps(result, indent=2))
 
 
