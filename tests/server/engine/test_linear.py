@@ -1,12 +1,18 @@
-"""Dense decode-sized layers: the compiled float32 kernel and the split matmul give what
-PyTorch's own linear gives, for every row count and shape the routing sends them."""
+"""Dense decode-sized layers: every candidate product (PyTorch's linear, the split matmul, the
+compiled float32 kernel) gives what PyTorch's own linear gives, for every row count and shape,
+and the measured choice is one of them."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kvpilot_server.engine import cpu_kernels
-from kvpilot_server.engine.linear import DENSE_KERNEL_MAX_ROWS, SPLIT_MAX_ROWS, linear
+from kvpilot_server.engine.linear import (
+    DECODE_MAX_ROWS,
+    SPLIT_MAX_ROWS,
+    _candidates,
+    decode_product,
+    linear,
+)
 
 # Summation order differs (the kernel adds in 8-wide lanes): float32 rounding, relative to sums
 # of hundreds of unit-variance products.
@@ -16,7 +22,7 @@ CLOSE = {"rtol": 1e-5, "atol": 1e-4}
 SHAPES = [(960, 576), (576, 1536), (7, 19), (10, 33)]
 
 
-@pytest.mark.parametrize("rows", [1, 2, DENSE_KERNEL_MAX_ROWS, DENSE_KERNEL_MAX_ROWS + 1, 40])
+@pytest.mark.parametrize("rows", [1, 2, DECODE_MAX_ROWS, DECODE_MAX_ROWS + 1, 40])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_equals_pytorch(rows, shape, with_bias):
@@ -28,12 +34,21 @@ def test_linear_equals_pytorch(rows, shape, with_bias):
     torch.testing.assert_close(linear(x, weight, bias), F.linear(x, weight, bias), **CLOSE)
 
 
-def test_the_float32_kernel_is_what_decode_uses_here():
-    kernel = cpu_kernels.load_weight_only()
-    assert kernel is not None  # otherwise every decode step reads weights at MKL's one-core pace
-    x, weight = torch.randn(1, 576), torch.randn(960, 576)
-    torch.testing.assert_close(kernel.float32_linear(x, weight, None), x @ weight.t(), **CLOSE)
-    assert DENSE_KERNEL_MAX_ROWS < SPLIT_MAX_ROWS
+@pytest.mark.parametrize("name", ["linear", "split", "kernel"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_every_candidate_equals_pytorch(name, rows):
+    candidates = _candidates()
+    assert "kernel" in candidates  # the kernel builds here; otherwise decode loses a candidate
+    x, weight, bias = torch.randn(rows, 576), torch.randn(960, 576), torch.randn(960)
+    got = candidates[name](x, weight, bias)
+    torch.testing.assert_close(got, F.linear(x, weight, bias), **CLOSE)
+
+
+def test_the_measured_choice_is_a_candidate_and_stays():
+    name, product = decode_product()
+    assert name in _candidates()
+    assert decode_product() == (name, product)  # measured once per process
+    assert DECODE_MAX_ROWS < SPLIT_MAX_ROWS
 
 
 def test_a_non_contiguous_weight_takes_the_pytorch_path():
