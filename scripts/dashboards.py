@@ -206,9 +206,11 @@ def new_dashboard(uid: str, title: str, description: str) -> dashboard.Dashboard
     )
 
 
-def latency_panel(title: str, histogram: str, description: str) -> timeseries.Panel:
+def latency_panel(
+    title: str, histogram: str, description: str, selector: str = ENGINE
+) -> timeseries.Panel:
     queries = [
-        (quantile(q, histogram, ENGINE, "model"), f"{{{{model}}}} p{round(q * 100)}")
+        (quantile(q, histogram, selector, "model"), f"{{{{model}}}} p{round(q * 100)}")
         for q in QUANTILES
     ]
     return panel(title, description, queries, unit="s", width=8)
@@ -597,19 +599,12 @@ def gateway() -> dashboard.Dashboard:
             )
         )
         .with_panel(
-            panel(
+            latency_panel(
                 "Hold time",
+                names.GATEWAY_HOLD_SECONDS,
                 "How long requests were held before a replica was ready (or they timed out, or "
                 "the client left), p50/p95/p99: the cold start as clients see it.",
-                [
-                    (
-                        quantile(q, names.GATEWAY_HOLD_SECONDS, GATEWAY, "model"),
-                        f"{{{{model}}}} p{round(q * 100)}",
-                    )
-                    for q in QUANTILES
-                ],
-                unit="s",
-                width=8,
+                GATEWAY,
             )
         )
         .with_panel(
@@ -648,19 +643,12 @@ def gateway() -> dashboard.Dashboard:
         )
         .with_row(dashboard.Row("Routing and replicas"))
         .with_panel(
-            panel(
+            latency_panel(
                 "Upstream latency",
+                names.GATEWAY_UPSTREAM_SECONDS,
                 "From sending a request to a replica to its response headers (a stream: its "
                 "first byte), p50/p95/p99.",
-                [
-                    (
-                        quantile(q, names.GATEWAY_UPSTREAM_SECONDS, GATEWAY, "model"),
-                        f"{{{{model}}}} p{round(q * 100)}",
-                    )
-                    for q in QUANTILES
-                ],
-                unit="s",
-                width=8,
+                GATEWAY,
             )
         )
         .with_panel(
