@@ -78,6 +78,8 @@ class Catalog:
         self.models: dict[Key, Model] = {}
         # (namespace, pod name) -> (ModelDeployment name, endpoint if it takes requests)
         self.pods: dict[Key, tuple[str, str | None]] = {}
+        # Every request asks for its model's endpoints: kept per model, dropped when it changes.
+        self._endpoints: dict[Key, list[str]] = {}
         self._changed: dict[Key, asyncio.Event] = {}
 
     # -- the watches' side ----------------------------------------------------------------------
@@ -95,9 +97,12 @@ class Catalog:
         meta = pod["metadata"]
         name, endpoint = endpoint_of(pod)
         key = (meta["namespace"], meta["name"])
-        if self.pods.get(key) != (name, endpoint):
+        before = self.pods.get(key)
+        if before != (name, endpoint):
             self.pods[key] = (name, endpoint)
             self._wake((meta["namespace"], name))
+            if before is not None and before[0] != name:  # relabelled: its old model lost it
+                self._wake((meta["namespace"], before[0]))
 
     def drop_pod(self, namespace: str, name: str) -> None:
         model, _ = self.pods.pop((namespace, name), ("", None))
@@ -123,6 +128,7 @@ class Catalog:
             for key in gone - set(self.models):
                 self._wake(key)
         if pods is not None:
+            self._endpoints.clear()
             models = {(k[0], m) for k, (m, _) in self.pods.items() if covered(k)}
             self.pods = {k: v for k, v in self.pods.items() if not covered(k)}
             for pod in pods:
@@ -154,18 +160,21 @@ class Catalog:
 
     def endpoints(self, key: Key) -> list[str]:
         """The ModelDeployment's pods that take requests, as "ip:port"."""
-        namespace, name = key
-        return sorted(
-            endpoint
-            for (ns, _), (model, endpoint) in self.pods.items()
-            if ns == namespace and model == name and endpoint
-        )
+        if key not in self._endpoints:
+            namespace, name = key
+            self._endpoints[key] = sorted(
+                endpoint
+                for (ns, _), (model, endpoint) in self.pods.items()
+                if ns == namespace and model == name and endpoint
+            )
+        return self._endpoints[key]
 
     def changed(self, key: Key) -> asyncio.Event:
         """Set at the next change of this model or its endpoints (then replaced)."""
         return self._changed.setdefault(key, asyncio.Event())
 
     def _wake(self, key: Key) -> None:
+        self._endpoints.pop(key, None)
         event = self._changed.pop(key, None)
         if event is not None:
             event.set()
