@@ -28,6 +28,8 @@ class EngineConfig:
     # lm_head (and the embedding table when tied to it): none or int8 per vocabulary row.
     lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION
     seed: int = 0
+    # Ranks one replica spans (engine/parallel.py); None: every visible GPU on CUDA, 1 on CPU.
+    tensor_parallel_size: int | None = None
 
     def __post_init__(self) -> None:
         rules = [
@@ -38,6 +40,10 @@ class EngineConfig:
                 "kv_cache_memory_fraction must be in (0, 1]",
             ),
             (self.max_num_seqs >= 1, "max_num_seqs must be at least 1"),
+            (
+                self.tensor_parallel_size is None or self.tensor_parallel_size >= 1,
+                "tensor_parallel_size must be at least 1",
+            ),
             (self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len must be >= 2"),
             (self.dtype in precision.DTYPES, f"unknown dtype {self.dtype!r}"),

@@ -13,7 +13,8 @@ _HELP = {
     "dtype": "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16",
     "device": "auto, cpu or cuda[:N]",
     "block_size": "tokens per KV cache block",
-    "kv_cache_bytes": "KV cache size on CPU: bytes, or with a unit (512MiB, 4GiB)",
+    "kv_cache_bytes": "KV cache size on CPU per tensor-parallel rank: bytes, or with a unit "
+    "(512MiB, 4GiB)",
     "kv_cache_memory_fraction": "fraction of free GPU memory for the KV cache on CUDA",
     "max_model_len": "context length limit (default: the model's own)",
     "max_num_seqs": "most sequences in one step",
@@ -26,6 +27,8 @@ _HELP = {
     "lm_head_quantization": "lm_head weights: none (the model dtype) or int8 per vocabulary row; "
     "with tied embeddings the embedding lookup reads the same int8 rows",
     "seed": "seed for requests that bring none",
+    "tensor_parallel_size": "GPUs (CPU processes) one replica spans, one process each; must "
+    "divide the attention heads (default: every visible GPU on CUDA, 1 on CPU)",
 }
 
 

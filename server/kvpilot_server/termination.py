@@ -1,4 +1,5 @@
-"""The container's termination message: why `kvpilot serve` could not start, as "Reason: text".
+"""The container's termination message: why `kvpilot serve` could not start (or, with tensor
+parallelism, why it stopped), as "Reason: text".
 
 Kubernetes shows the file's text as the container's termination message; the operator reads
 the reason from it (kvpilot_operator.status) to set a condition that names the real cause.
@@ -13,7 +14,8 @@ from pathlib import Path
 MODEL_LOAD_FAILED = "ModelLoadFailed"  # the model or the engine configuration
 INVALID_CONFIGURATION = "InvalidConfiguration"  # the server's own settings (API keys, flags)
 STARTUP_FAILED = "StartupFailed"  # anything else, e.g. the port is taken
-REASONS = (MODEL_LOAD_FAILED, INVALID_CONFIGURATION, STARTUP_FAILED)
+WORKER_FAILED = "WorkerFailed"  # a tensor-parallel rank died while serving (it is named)
+REASONS = (MODEL_LOAD_FAILED, INVALID_CONFIGURATION, STARTUP_FAILED, WORKER_FAILED)
 _LIMIT = 4000  # Kubernetes keeps at most 4096 bytes
 _FORMAT = re.compile(rf"^({'|'.join(REASONS)}):\s*(.*)$", re.DOTALL)
 

@@ -28,6 +28,20 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}),
     "qwen3": ("Qwen3Config", {"tie_word_embeddings": True, "head_dim": 32}),
 }
+# For tensor parallelism (not in TINY_MODELS' every-test matrix): one KV head, fewer than two
+# ranks, so it is replicated; biases on every projection, drawn at random (transformers starts
+# them at zero), so a row-parallel bias added once per rank instead of once would show.
+TINY_PARALLEL_MODELS: dict[str, tuple[str, dict]] = {
+    "llama-mqa-bias": (
+        "LlamaConfig",
+        {
+            "tie_word_embeddings": False,
+            "num_key_value_heads": 1,
+            "attention_bias": True,
+            "mlp_bias": True,
+        },
+    ),
+}
 
 
 def build_tiny_model(name: str, target: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
@@ -37,13 +51,18 @@ def build_tiny_model(name: str, target: Path, tokenizer_dir: Path, seed: int = 0
 
     if (target / "config.json").is_file():
         return target
-    class_name, overrides = TINY_MODELS[name]
+    class_name, overrides = {**TINY_MODELS, **TINY_PARALLEL_MODELS}[name]
     config_class = getattr(transformers, class_name)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     config = config_class(**{**TINY_BASE, **overrides, "vocab_size": len(tokenizer)})
     config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if name in TINY_PARALLEL_MODELS:
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                if key.endswith(".bias"):
+                    param.normal_(0.0, TINY_BASE["initializer_range"])
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)

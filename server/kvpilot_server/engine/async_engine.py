@@ -181,7 +181,10 @@ class AsyncEngine:
             if self.engine is not None:
                 self.stats = self.engine.stats()
             self._built.set()
-        self._loop()
+        try:
+            self._loop()
+        finally:
+            self.engine.close()  # tensor-parallel workers: stopped from the thread that steps
 
     def _add(self, request_id, prompt, params, priority, loop, outputs) -> None:
         self.engine.add_request(request_id, prompt, params, priority)

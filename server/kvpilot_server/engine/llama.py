@@ -1,7 +1,9 @@
 """Compact Llama-family model (Llama, Mistral, Qwen2, Qwen3) over a paged KV cache.
 
 Input is one flattened step: every scheduled token of every sequence in a single row-major batch.
-q/k/v and gate/up projections are fused into one matmul each (fewer, larger GEMMs).
+q/k/v and gate/up projections are fused into one matmul each (fewer, larger GEMMs). Under tensor
+parallelism `cfg` is one rank's share (engine/parallel.py) and o_proj and down_proj each end in
+one all-reduce.
 """
 
 import torch
@@ -12,6 +14,7 @@ from kvpilot_server.engine.attention import AttentionMetadata, Workspace, paged_
 from kvpilot_server.engine.kv_cache import LayerCache
 from kvpilot_server.engine.linear import linear
 from kvpilot_server.engine.model_config import ModelConfig
+from kvpilot_server.engine.parallel import SINGLE, TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -43,13 +46,15 @@ class Linear(nn.Linear):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, window: int | None) -> None:
+    def __init__(self, cfg: ModelConfig, window: int | None, tp: TensorParallel) -> None:
         super().__init__()
+        self.tp = tp
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.window = window
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
-        self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
+        # Row-parallel: the bias is added once, on rank 0 (engine/parallel.py).
+        self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_bias and tp.rank == 0)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -64,28 +69,30 @@ class Attention(nn.Module):
         # One rotation for queries and keys together: half the ops of rotating each.
         q, k = rotate(qk, cos, sin).split((self.heads, self.kv_heads), dim=1)
         out = paged_attention(q, k, v, kv_cache, metas[self.window], ws)
-        return self.o_proj(out.flatten(1))
+        return self.tp.all_reduce(self.o_proj(out.flatten(1)))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
+        self.tp = tp
         self.intermediate = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate, bias=cfg.mlp_bias)
-        self.down_proj = Linear(self.intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
+        bias = cfg.mlp_bias and tp.rank == 0
+        self.down_proj = Linear(self.intermediate, cfg.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, window: int | None) -> None:
+    def __init__(self, cfg: ModelConfig, window: int | None, tp: TensorParallel) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, window)
+        self.self_attn = Attention(cfg, window, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, cos, sin, kv_cache, metas, ws):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metas, ws)
@@ -93,11 +100,12 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.cfg = cfg
+        self.tp = tp
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, w) for w in cfg.layer_windows)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, w, tp) for w in cfg.layer_windows)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.workspace = Workspace()
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -111,10 +119,12 @@ class LlamaForCausalLM(nn.Module):
         sin: torch.Tensor,
         kv_caches: list[LayerCache],
         metas: dict[int | None, AttentionMetadata],
-        logits_rows: torch.Tensor,  # rows whose next-token logits are needed
-    ) -> torch.Tensor:
+        logits_rows: torch.Tensor | None,  # rows whose next-token logits are needed
+    ) -> torch.Tensor | None:
         x = self.embed_tokens(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, metas, self.workspace)
+        if logits_rows is None:  # a tensor-parallel worker: rank 0 samples, from its own logits
+            return None
         # Only the last token of each sampling sequence needs the (large) vocabulary projection.
         return self.lm_head(self.norm(x[logits_rows])).float()

@@ -10,29 +10,30 @@ import logging
 import time
 from dataclasses import dataclass
 
-import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from kvpilot_server import precision
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine import kv_cache
 from kvpilot_server.engine.block_pool import BlockPool
 from kvpilot_server.engine.detokenizer import Detokenizer
 from kvpilot_server.engine.inputs import InputProcessor
-from kvpilot_server.engine.lm_head_quant import quantize_lm_head
-from kvpilot_server.engine.loader import load_model
+from kvpilot_server.engine.loader import load_hf_config
+from kvpilot_server.engine.model_config import ModelConfig
 from kvpilot_server.engine.model_runner import ModelRunner
-from kvpilot_server.engine.quant import quantize
+from kvpilot_server.engine.model_setup import (
+    build_model,
+    count_blocks,
+    cpu_kernel,
+    resolve_device,
+    resolve_dtype,
+)
+from kvpilot_server.engine.parallel import SINGLE, check
 from kvpilot_server.engine.request import Request
 from kvpilot_server.engine.sampler import Sampler
 from kvpilot_server.engine.scheduler import Scheduler
 from kvpilot_server.engine.sequence import Priority, Sequence
-from kvpilot_server.errors import (
-    ConfigError,
-    InvalidRequestError,
-    ModelLoadError,
-    StepFailedError,
-)
+from kvpilot_server.engine.tp_workers import Workers, tensor_parallel_size
+from kvpilot_server.errors import InvalidRequestError, ModelLoadError, StepFailedError
 from kvpilot_server.models.resolve import resolve_model
 from kvpilot_server.outputs import RequestMetrics, RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
@@ -58,47 +59,48 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.device = _device(config.device)
-        self.dtype = _dtype(config.dtype, self.device)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
         path = self.model_path = resolve_model(config.model)
-        self.model = load_model(path, self.dtype, self.device)
-        quantize(self.model, config.quantization, self.device, config.quantization_group_size)
-        quantize_lm_head(self.model, config.lm_head_quantization, self.device)
+        size = tensor_parallel_size(config, self.device)
+        # Checked before any worker starts: a size that cannot split the model is a config error.
+        check(ModelConfig.from_hf(load_hf_config(path)), size)
+        self.workers = Workers(config, size, path, self.device, self.dtype) if size > 1 else None
+        try:
+            self._build(config, path)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: EngineConfig, path) -> None:
+        tp = SINGLE if self.workers is None else self.workers.tp
+        self.model = build_model(config, path, self.dtype, self.device, tp)
         self.tokenizer: PreTrainedTokenizerBase = _tokenizer(path)
         cfg = self.model.cfg
         if config.max_model_len is None:
             config.max_model_len = cfg.max_position_embeddings
         self.max_model_len = config.max_model_len
-        num_blocks = self._num_blocks()
+        num_blocks = count_blocks(config, self.model, self.dtype, self.device, tp)
+        if self.workers is not None:
+            self.workers.ready = True  # they now wait for plans (or the stop)
         config.check_against_model(cfg.max_position_embeddings, num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.pool)
         cache = kv_cache.allocate(
             cfg, self.dtype, self.device, num_blocks, config.block_size, config.kv_cache_dtype
         )
+        kernel = cpu_kernel(self.device, self.dtype)
         self.runner = ModelRunner(
-            self.model, cache, config.block_size, self.max_model_len, self._cpu_kernel()
+            self.model, cache, config.block_size, self.max_model_len, kernel, self.workers
         )
         self.sampler = Sampler(cfg.eos_token_ids, config.seed)
         self.inputs = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)
         self.requests: dict[str, Request] = {}
 
-    def _num_blocks(self) -> int:
-        config = self.config
-        per_block = kv_cache.bytes_per_block(
-            self.model.cfg, self.dtype, self.device, config.block_size, config.kv_cache_dtype
-        )
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * config.kv_cache_memory_fraction) // per_block
-        return config.kv_cache_bytes // per_block
-
-    def _cpu_kernel(self):
-        if self.device.type != "cpu" or self.dtype != torch.float32:
-            return None
-        from kvpilot_server.engine import cpu_kernels
-
-        return cpu_kernels.load()
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (from the thread that steps the engine)."""
+        if self.workers is not None:
+            self.workers.close()
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -216,28 +218,6 @@ class LLMEngine:
             prefix_cache_hits=self.pool.num_hits,
             num_prefill_tokens=self.scheduler.num_prefill_tokens,
         )
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ConfigError(f"Unknown device {name!r}: use auto, cpu or cuda[:N]") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"Device {name!r} was asked for, but this machine has no usable CUDA")
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"Device type {device.type!r} is not supported: use cpu or cuda")
-    return device
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":  # why each device gets what it gets: precision.py
-        return getattr(torch, precision.resolve_dtype(name, gpu=device.type == "cuda"))
-    if device.type == "cpu" and name != precision.AUTO_DTYPE_CPU:
-        log.warning("dtype %s on CPU is usually far slower than float32", name)
-    return getattr(torch, name)
 
 
 def _tokenizer(path) -> PreTrainedTokenizerBase:

@@ -10,18 +10,24 @@ from transformers import AutoConfig
 
 from kvpilot_server.engine.llama import LlamaForCausalLM
 from kvpilot_server.engine.model_config import ModelConfig
+from kvpilot_server.engine.parallel import SINGLE, TensorParallel, check, local_config, shard
 from kvpilot_server.errors import ModelLoadError
 
 
-def load_model(path: Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def load_model(
+    path: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel = SINGLE
+) -> LlamaForCausalLM:
+    """The model, or under tensor parallelism rank tp.rank's share of it (engine/parallel.py):
+    each rank reads the checkpoint and keeps only its slices."""
     cfg = ModelConfig.from_hf(load_hf_config(path))
+    check(cfg, tp.size)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = LlamaForCausalLM(local_config(cfg, tp.size), tp)
     model.to_empty(device=device)
     model.to(dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    _fill(model, _read_tensors(path))
+    _fill(model, _read_tensors(path), cfg)
     return model.eval()
 
 
@@ -48,7 +54,9 @@ def _shards(cfg: ModelConfig) -> dict[str, tuple[str, int, int]]:
     }
 
 
-def _fill(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+def _fill(
+    model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]], full: ModelConfig
+) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     shards = _shards(model.cfg)
     pending = {(name, 0) for name in params}
@@ -65,6 +73,9 @@ def _fill(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) 
             name = hf_name.removeprefix("model.")
             module, _, leaf = name.rpartition(".")
             parent, _, proj = module.rpartition(".")
+            tensor = shard(proj, leaf, tensor, full, model.tp)
+            if tensor is None:
+                continue  # a row-parallel bias: rank 0 adds it
             offset, rows = 0, None
             if proj in shards:
                 fused, offset, rows = shards[proj]

@@ -1,6 +1,14 @@
-"""Runs one scheduled step on the model: flatten the batch, build attention metadata, get logits."""
+"""Runs one scheduled step on the model: flatten the batch, build attention metadata, get logits.
 
+Two halves: plan() turns the scheduler's batch into a StepPlan of plain numbers, execute() turns
+a plan into tensors on this rank's device and runs the model. Under tensor parallelism rank 0
+plans and every rank executes the same plan (engine/tp_workers.py sends it): ranks share the
+block tables, each holding its own KV heads of every block.
+"""
+
+from dataclasses import dataclass
 from types import ModuleType
+from typing import NoReturn, Protocol
 
 import torch
 
@@ -20,6 +28,35 @@ PromptRows = tuple[Sequence, slice, int]
 _MIN_GROUP_LEN = 64  # contexts shorter than this are cheap: one group holds them all
 
 
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """What attention needs of one sequence in a step."""
+
+    computed: int  # tokens already in the KV cache
+    n: int  # tokens computed in this step
+    length: int  # the sequence's length: decodes of similar length share a padded group
+    block_table: list[int]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step as plain numbers (cheap to pickle to the other ranks): decodes first."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    rows: list[int]  # rows whose logits are needed
+    seqs: list[ScheduledSeq]
+
+
+class Peers(Protocol):
+    """The other ranks of a tensor-parallel group, seen from rank 0 (engine/tp_workers.py)."""
+
+    def send(self, plan: StepPlan) -> None: ...
+
+    def fail(self, message: str) -> NoReturn: ...
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -28,6 +65,7 @@ class ModelRunner:
         block_size: int,
         max_len: int,
         kernel: ModuleType | None = None,
+        peers: Peers | None = None,
     ):
         self.model = model
         self.kv_cache = kv_cache
@@ -39,6 +77,7 @@ class ModelRunner:
         self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
         self.windows = sorted(set(model.cfg.layer_windows), key=lambda w: w or 0)
         self.kernel = kernel
+        self.peers = peers  # tensor parallelism: every plan goes to the other ranks first
 
     @torch.inference_mode()
     def run(
@@ -69,20 +108,43 @@ class ModelRunner:
                 (seq, slice(len(rows), len(rows) + count), seq.num_computed_tokens + 1)
             )
             rows.extend(range(first_row, first_row + count))
-        pos = torch.tensor(positions, device=self.device)
-        metas = {
-            w: self._metadata(ordered, torch.tensor(slots, device=self.device), w)
-            for w in self.windows
-        }
-        logits = self.model(
-            torch.tensor(ids, device=self.device),
+        plan = StepPlan(
+            ids=ids,
+            positions=positions,
+            slots=slots,
+            rows=rows,
+            seqs=[
+                ScheduledSeq(seq.num_computed_tokens, n, len(seq), list(seq.block_table))
+                for seq, n in ordered
+            ],
+        )
+        if self.peers is None:
+            logits = self.execute(plan, logits=True)
+        else:
+            self.peers.send(plan)
+            try:
+                logits = self.execute(plan, logits=True)
+            except Exception as exc:  # the ranks may now be out of step: nothing can recover
+                self.peers.fail(f"rank 0 failed inside a step: {exc}")
+        assert logits is not None
+        return logits, sampling, prompt_rows
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan, logits: bool) -> torch.Tensor | None:
+        """Run the model over a plan; logits=False (tensor-parallel workers) stops before the
+        vocabulary projection."""
+        pos = torch.tensor(plan.positions, device=self.device)
+        slots = torch.tensor(plan.slots, device=self.device)
+        metas = {w: self._metadata(plan.seqs, slots, w) for w in self.windows}
+        rows = torch.tensor(plan.rows, device=self.device, dtype=torch.long) if logits else None
+        return self.model(
+            torch.tensor(plan.ids, device=self.device),
             self.cos[pos].unsqueeze(1),
             self.sin[pos].unsqueeze(1),
             self.kv_cache,
             metas,
-            torch.tensor(rows, device=self.device, dtype=torch.long),
+            rows,
         )
-        return logits, sampling, prompt_rows
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + (
@@ -90,10 +152,10 @@ class ModelRunner:
         )
 
     def _metadata(
-        self, ordered: list[tuple[Sequence, int]], slots: torch.Tensor, window: int | None
+        self, ordered: list[ScheduledSeq], slots: torch.Tensor, window: int | None
     ) -> AttentionMetadata:
         meta = AttentionMetadata(slot_mapping=slots, window=window, kernel=self.kernel)
-        decodes = [seq for seq, n in ordered if n == 1]
+        decodes = [seq for seq in ordered if seq.n == 1]
         start = 0
         # The kernel reads each sequence's own length: one group, no padding cost.
         groups = [decodes] if self.kernel is not None and decodes else _length_groups(decodes)
@@ -101,9 +163,10 @@ class ModelRunner:
             meta.decodes.append(self._decode_group(start, group, window))
             start += len(group)
         row = len(decodes)
-        for seq, n in ordered[len(decodes) :]:
-            context = seq.num_computed_tokens + n
-            fresh = seq.num_computed_tokens == 0 and (window is None or window >= n)
+        for seq in ordered[len(decodes) :]:
+            n = seq.n
+            context = seq.computed + n
+            fresh = seq.computed == 0 and (window is None or window >= n)
             blocks = seq.block_table[: -(-context // self.block_size)]
             positions = torch.arange(context - n, context)
             mask = None if fresh else visible_keys(positions, context, window)
@@ -119,8 +182,10 @@ class ModelRunner:
             row += n
         return meta
 
-    def _decode_group(self, start: int, seqs: list[Sequence], window: int | None) -> DecodeGroup:
-        lens = [seq.num_computed_tokens + 1 for seq in seqs]
+    def _decode_group(
+        self, start: int, seqs: list[ScheduledSeq], window: int | None
+    ) -> DecodeGroup:
+        lens = [seq.computed + 1 for seq in seqs]
         width = -(-max(lens) // self.block_size)
         # Padding points at block 0; the mask hides it.
         ids = [
@@ -143,12 +208,12 @@ class ModelRunner:
         )
 
 
-def _length_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
+def _length_groups(seqs: list[ScheduledSeq]) -> list[list[ScheduledSeq]]:
     """Split length-sorted sequences where the length doubles: padding stays under 2x while
     the number of attention calls stays small."""
-    groups: list[list[Sequence]] = []
+    groups: list[list[ScheduledSeq]] = []
     for seq in seqs:
-        if groups and len(seq) <= 2 * max(len(groups[-1][0]), _MIN_GROUP_LEN):
+        if groups and seq.length <= 2 * max(groups[-1][0].length, _MIN_GROUP_LEN):
             groups[-1].append(seq)
         else:
             groups.append([seq])
