@@ -6,6 +6,7 @@ from kvpilot_operator.fit import (
     LM_HEAD_QUANTIZATIONS,
     QUANTIZATIONS,
     cpu_kv_cache_bytes,
+    tensor_parallel_size,
 )
 from kvpilot_operator.source import problem, pvc
 from kvpilot_server import precision
@@ -45,6 +46,9 @@ def engine_args(spec: dict, name: str) -> list[str]:
     }
     if engine.get("maxModelLen"):
         args["--max-model-len"] = str(engine["maxModelLen"])
+    if resources["gpus"] or engine.get("tensorParallelSize"):
+        # One process per GPU, NCCL between them over the pod's /dev/shm volume (shmMiB).
+        args["--tensor-parallel-size"] = str(tensor_parallel_size(spec))
     if resources["gpus"]:
         args["--device"] = "cuda"
         args["--kv-cache-memory-fraction"] = str(engine["kvCacheMemoryPercent"] / 100)

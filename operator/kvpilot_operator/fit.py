@@ -1,6 +1,6 @@
 """Will the model fit? The memory model applied to a spec before any pod is created: weights plus
-a KV cache for at least one sequence of maxModelLen must fit in one replica's device memory. And
-how much disk its model cache may take."""
+a KV cache for at least one sequence of maxModelLen must fit in one replica's device memory (with
+tensor parallelism, each GPU's share in each GPU). And how much disk its model cache may take."""
 
 import math
 from dataclasses import dataclass
@@ -9,7 +9,7 @@ from typing import Any
 from lightkube.utils.quantity import parse_quantity
 
 from kvpilot_operator.source import problem as source_problem
-from kvpilot_server import precision
+from kvpilot_server import parallelism, precision
 from kvpilot_server.memory_model import (
     GPU_COMPUTE_CAPABILITY,
     GPU_MEMORY_MIB,
@@ -56,9 +56,14 @@ def _max_len(spec: dict, shape: ModelShape) -> int:
     return spec["engine"].get("maxModelLen") or shape.max_position
 
 
+def tensor_parallel_size(spec: dict) -> int:
+    """GPUs one replica spans: engine.tensorParallelSize, by default every GPU the pod gets."""
+    return spec["engine"].get("tensorParallelSize") or max(1, spec["resources"]["gpus"])
+
+
 def device_memory_bytes(spec: dict) -> int | None:
-    """One replica's memory for weights and cache: one GPU (the engine uses one), or the pod's
-    memory limit on CPU."""
+    """The memory of one device of a replica for its share of weights and cache: one GPU, or
+    the pod's memory limit on CPU."""
     resources = spec["resources"]
     if not resources["gpus"]:
         return int(parse_quantity(resources["memory"]))
@@ -79,6 +84,7 @@ def _plan(spec: dict, shape: ModelShape, memory: int):
         kv_cache_dtype=KV_CACHE_DTYPES[engine["kvCacheDtype"]].name,
         lm_head_quantization=LM_HEAD_QUANTIZATIONS[engine["lmHeadQuantization"]].name,
         kv_fraction=engine["kvCacheMemoryPercent"] / 100,
+        tensor_parallel_size=tensor_parallel_size(spec) if gpu else 1,
         **({} if gpu else {"headroom_bytes": CPU_HEADROOM_BYTES}),
     )
 
@@ -118,10 +124,15 @@ def check(spec: dict) -> Fit:
     shape, memory = KNOWN_MODELS.get(source), device_memory_bytes(spec)
     if shape is None:
         return Fit(None, f"fit not checked: the size of {source} is not known before download")
+    size = tensor_parallel_size(spec)
+    refused = parallelism.problem(shape.heads, shape.kv_heads, size)
+    if refused is not None:
+        return Fit(False, f"{source}: {refused}", reason="InvalidTensorParallelSize")
     if memory is None:
         return Fit(None, "fit not checked: set resources.gpuType or resources.gpuMemoryMiB")
     p = _plan(spec, shape, memory)
     capacity = {
+        "tensorParallelSize": p.tensor_parallel_size,  # the MiB figures are per GPU
         "weightsMiB": p.weight_bytes // MiB,
         "kvCacheMiB": max(0, p.kv_cache_bytes) // MiB,
         "kvCacheTokens": p.kv_tokens,
@@ -137,8 +148,9 @@ def check(spec: dict) -> Fit:
         False,
         f"{source} needs {p.weight_bytes // MiB} MiB of weights plus "
         f"{p.kv_bytes_per_token * p.max_model_len // MiB} MiB of KV cache for one "
-        f"{p.max_model_len}-token sequence (~{need} MiB before runtime headroom), but one replica "
-        f"has {memory // MiB} MiB: use a larger GPU, quantization, or a smaller maxModelLen",
+        f"{p.max_model_len}-token sequence (~{need} MiB before runtime headroom) per device "
+        f"over {p.tensor_parallel_size}, but one has {memory // MiB} MiB: use a larger GPU, "
+        "more GPUs per replica, quantization, or a smaller maxModelLen",
         capacity,
     )
 

@@ -9,13 +9,19 @@ kv/token  = 2 (K and V) x layers x kv_heads x (head_dim x bytes per KV element
             + a float32 scale when the KV cache is quantized: one per token per kv head)
 kv budget = (device memory - weights - runtime headroom) x kv fraction
 
+With tensor parallelism over N GPUs every figure is per GPU: the decoder's linear layers are
+split N ways, the embedding and lm_head are replicated (engine/parallel.py says why), each GPU
+stores kv_heads / N KV heads (one, replicated, when there are fewer heads than GPUs), and the
+replica holds as many tokens as one GPU's KV budget does. Norms (a few thousand parameters per
+layer) are counted as split, though replicated.
+
 The bytes per weight and per KV element, and the architectures' layouts, are
 kvpilot_server.precision's: the engine allocates by the same rules.
 """
 
 from dataclasses import dataclass
 
-from kvpilot_server import precision
+from kvpilot_server import parallelism, precision
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -58,6 +64,7 @@ class ModelShape:
     vocab: int
     tied_embeddings: bool
     max_position: int  # the model's own context limit
+    heads: int  # attention heads: what tensor parallelism must divide
 
     @property
     def embedding_params(self) -> int:
@@ -95,35 +102,44 @@ def shape_from_config(config: dict) -> ModelShape:
         vocab=vocab,
         tied_embeddings=tied,
         max_position=config.get("max_position_embeddings", 4096),
+        heads=heads,
     )
 
 
 # Known models by source, so the fit check works before anything is downloaded.
 KNOWN_MODELS = {
-    "builtin://smollm2-135m-instruct": ModelShape(134_515_008, 576, 30, 3, 64, 49152, True, 8192),
-    "hf://Qwen/Qwen2.5-0.5B-Instruct": ModelShape(494_032_768, 896, 24, 2, 64, 151936, True, 32768),
-    "hf://Qwen/Qwen2.5-7B-Instruct": ModelShape(
-        7_615_616_512, 3584, 28, 4, 128, 152064, False, 32768
+    "builtin://smollm2-135m-instruct": ModelShape(
+        134_515_008, 576, 30, 3, 64, 49152, True, 8192, 9
     ),
-    "hf://Qwen/Qwen3-8B": ModelShape(8_190_735_360, 4096, 36, 8, 128, 151936, False, 40960),
+    "hf://Qwen/Qwen2.5-0.5B-Instruct": ModelShape(
+        494_032_768, 896, 24, 2, 64, 151936, True, 32768, 14
+    ),
+    "hf://Qwen/Qwen2.5-7B-Instruct": ModelShape(
+        7_615_616_512, 3584, 28, 4, 128, 152064, False, 32768, 28
+    ),
+    "hf://Qwen/Qwen3-8B": ModelShape(8_190_735_360, 4096, 36, 8, 128, 151936, False, 40960, 32),
     "hf://meta-llama/Llama-3.1-8B-Instruct": ModelShape(
-        8_030_261_248, 4096, 32, 8, 128, 128256, False, 131072
+        8_030_261_248, 4096, 32, 8, 128, 128256, False, 131072, 32
     ),
     "hf://meta-llama/Llama-3.1-70B-Instruct": ModelShape(
-        70_553_706_496, 8192, 80, 8, 128, 128256, False, 131072
+        70_553_706_496, 8192, 80, 8, 128, 128256, False, 131072, 64
     ),
     "hf://mistralai/Mistral-7B-Instruct-v0.3": ModelShape(
-        7_248_023_552, 4096, 32, 8, 128, 32768, False, 32768
+        7_248_023_552, 4096, 32, 8, 128, 32768, False, 32768, 32
     ),
 }
 
 
 @dataclass(frozen=True)
 class Plan:
+    """Per GPU (of tensor_parallel_size), but for the tokens and sequences, which are the
+    replica's (every GPU holds its share of each token)."""
+
     weight_bytes: int
     kv_bytes_per_token: int
     kv_cache_bytes: int  # what the KV cache gets (0 or less: nothing left after the weights)
     max_model_len: int
+    tensor_parallel_size: int = 1
 
     @property
     def kv_tokens(self) -> int:
@@ -144,21 +160,28 @@ def weight_bytes(
     quantization: str = precision.DEFAULT_QUANTIZATION,
     group_size: int = precision.INT4_DEFAULT_GROUP_SIZE,
     lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION,
+    tensor_parallel_size: int = 1,
 ) -> int:
+    """Weights on one GPU of tensor_parallel_size."""
     full = _dtype_bytes(dtype)
     per_weight = precision.bytes_per_weight(quantization, full, group_size)
     linear = shape.params - shape.embedding_params
     embeddings = precision.lm_head_bytes(
         lm_head_quantization, shape.vocab, shape.hidden, shape.tied_embeddings, full
     )
-    return int(linear * per_weight) + embeddings
+    return int(linear * per_weight) // tensor_parallel_size + embeddings
 
 
 def kv_bytes_per_token(
-    shape: ModelShape, dtype: str, kv_cache_dtype: str = precision.DEFAULT_KV_CACHE_DTYPE
+    shape: ModelShape,
+    dtype: str,
+    kv_cache_dtype: str = precision.DEFAULT_KV_CACHE_DTYPE,
+    tensor_parallel_size: int = 1,
 ) -> int:
+    """KV bytes of one token on one GPU of tensor_parallel_size."""
     per_head = precision.kv_bytes_per_head(shape.head_dim, kv_cache_dtype, _dtype_bytes(dtype))
-    return 2 * shape.layers * shape.kv_heads * per_head
+    kv_heads = parallelism.kv_heads_per_rank(shape.kv_heads, tensor_parallel_size)
+    return 2 * shape.layers * kv_heads * per_head
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -179,12 +202,16 @@ def plan(
     headroom_bytes: int = RUNTIME_HEADROOM_BYTES,
     group_size: int = precision.INT4_DEFAULT_GROUP_SIZE,
     lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION,
+    tensor_parallel_size: int = 1,
 ) -> Plan:
-    weights = weight_bytes(shape, dtype, quantization, group_size, lm_head_quantization)
+    """memory_bytes and headroom_bytes are one GPU's; the model spans tensor_parallel_size."""
+    size = tensor_parallel_size
+    weights = weight_bytes(shape, dtype, quantization, group_size, lm_head_quantization, size)
     free = memory_bytes - weights - headroom_bytes
     return Plan(
         weight_bytes=weights,
-        kv_bytes_per_token=kv_bytes_per_token(shape, dtype, kv_cache_dtype),
+        kv_bytes_per_token=kv_bytes_per_token(shape, dtype, kv_cache_dtype, size),
         kv_cache_bytes=int(free * kv_fraction) if free > 0 else free,
         max_model_len=max_model_len,
+        tensor_parallel_size=size,
     )

@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from kvpilot_server import precision
+from kvpilot_server import parallelism, precision
 from kvpilot_server.engine_args import parse_bytes
 from kvpilot_server.memory_model import (
     GPU_MEMORY_MIB,
@@ -53,6 +53,12 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-model-len", type=int, help="default: the model's own limit")
     parser.add_argument("--kv-cache-memory-fraction", type=float, default=0.9)
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="GPUs one replica spans: weights and KV cache are per GPU, tokens per replica",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON only")
 
 
@@ -68,6 +74,10 @@ def model_shape(model: str) -> ModelShape:
 
 def run_plan(args: argparse.Namespace) -> int:
     shape = model_shape(args.model)
+    size = args.tensor_parallel_size
+    refused = parallelism.problem(shape.heads, shape.kv_heads, size)
+    if refused is not None:
+        raise SystemExit(f"kvpilot plan: {args.model}: {refused}")
     memory = args.gpu_memory or GPU_MEMORY_MIB[args.gpu_type or "H100-80GB"] * MiB
     max_len = args.max_model_len or shape.max_position
     p = plan(
@@ -80,11 +90,13 @@ def run_plan(args: argparse.Namespace) -> int:
         lm_head_quantization=args.lm_head_quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         kv_fraction=args.kv_cache_memory_fraction,
+        tensor_parallel_size=size,
     )
     result = {
         "model": args.model,
         "parameters": shape.params,
-        "device_memory_mib": memory // MiB,
+        "tensor_parallel_size": size,
+        "device_memory_mib": memory // MiB,  # this and the next three: per GPU
         "weights_mib": p.weight_bytes // MiB,
         "kv_bytes_per_token": p.kv_bytes_per_token,
         "kv_cache_mib": max(0, p.kv_cache_bytes) // MiB,

@@ -9,6 +9,8 @@ import re2
 import yaml
 
 from kvpilot_operator import crd, source
+from kvpilot_server import parallelism
+from kvpilot_server.memory_model import KNOWN_MODELS
 from tests.operator.crd_rules import errors, schema_errors
 
 SAMPLES = sorted((Path(__file__).parents[2] / "crds" / "samples").glob("*.yaml"))
@@ -83,6 +85,22 @@ INVALID_CASES: dict[str, tuple[dict, str]] = {
         ),
         "minReplicas must not exceed autoscaling.maxReplicas",
     ),
+    "tp>gpus": (
+        _with({"resources.gpus": 2, "engine.tensorParallelSize": 4}),
+        "engine.tensorParallelSize must not exceed resources.gpus",
+    ),
+    # The 70B model's 64 heads split 1, 2, 4 or 8 ways, not 3: said, or defaulted from gpus.
+    "tp-heads": (
+        _with(
+            {"model.source": "hf://meta-llama/Llama-3.1-70B-Instruct", "resources.gpus": 3}
+            | {"engine.tensorParallelSize": 3}
+        ),
+        "must divide the model's attention heads",
+    ),
+    "tp-heads-from-gpus": (
+        _with({"model.source": "hf://meta-llama/Llama-3.1-70B-Instruct", "resources.gpus": 6}),
+        "must divide the model's attention heads",
+    ),
     # ...a wrong enum value (blocking) does not: the rule on the source is not checked.
     "enum+scheme": (
         _with({"engine.quantization": "int8", "model.source": "s3://bucket/model"}),
@@ -100,6 +118,14 @@ ACCEPTED_CASES: dict[str, dict] = {
     # On create the status is reset (the status subresource), whatever it held.
     "status": {**_with({}), "status": {"conditions": [{"type": "Ready"}], "replicas": "two"}},
     "generate-name": {**_with({}), "metadata": {"generateName": "smollm2-"}},
+    # Fewer GPUs in the replica than the pod gets; a model the CRD does not know (the server
+    # checks it at start); CPU processes.
+    "tp-under-gpus": _with(
+        {"model.source": "hf://meta-llama/Llama-3.1-70B-Instruct", "resources.gpus": 6}
+        | {"engine.tensorParallelSize": 4}
+    ),
+    "tp-unknown-model": _with({"model.source": "hf://org/model", "resources.gpus": 3}),
+    "tp-cpu": _with({"resources.gpus": 0, "engine.tensorParallelSize": 3}),
     # kubectl sends YAML's 2.0 as 2.
     "integral-float": _with({"replicas": 2.0, "engine.blockSize": 32.0}),
 }
@@ -225,3 +251,15 @@ def test_schema_conventions():
         assert node.get("type") != "number", f"{path}: no floats in spec, integers with units"
         if "pattern" in node:
             re2.compile(node["pattern"])  # the API server's Go regexp speaks RE2 only
+
+
+def test_the_crd_knows_the_tensor_parallel_sizes_of_the_catalogued_models():
+    """The CEL rule's map of allowed sizes is memory_model's catalogue through parallelism's
+    rule: a model added to one and not the other fails here."""
+    sizes = {
+        source: parallelism.divisors(shape.heads, shape.kv_heads)
+        for source, shape in KNOWN_MODELS.items()
+    }
+    literal = "{" + ", ".join(f"'{s}': {v}" for s, v in sizes.items()) + "}"
+    rules = [r["rule"] for r in crd.schema()["properties"]["spec"]["x-kubernetes-validations"]]
+    assert any(rule.count(literal) == 2 for rule in rules)

@@ -92,6 +92,22 @@ def test_hf_gpu_sample_downloads_first_and_asks_for_a_gpu():
     assert deployment["spec"]["replicas"] == 1  # autoscaling: within min and max
 
 
+def test_a_replica_over_four_gpus_runs_four_ranks_with_a_memory_backed_shm():
+    body = _body(next(s for s in SAMPLES if s.name.startswith("hf-")))
+    body["spec"]["resources"] |= {"gpus": 4}
+    pod = _pod(render(body, IMAGE))
+    (server,) = pod["containers"]
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert _flags(server["args"])["--tensor-parallel-size"] == "4"
+    (shm,) = [v for v in pod["volumes"] if v["name"] == "shm"]
+    assert shm["emptyDir"]["medium"] == "Memory"  # NCCL's buffers between the ranks
+    assert {"name": "shm", "mountPath": "/dev/shm"} in server["volumeMounts"]
+    body["spec"]["engine"]["tensorParallelSize"] = 2
+    assert (
+        _flags(_pod(render(body, IMAGE))["containers"][0]["args"])["--tensor-parallel-size"] == "2"
+    )
+
+
 def test_pvc_sample_mounts_the_claim_and_schedules_as_asked():
     body = _body(next(s for s in SAMPLES if s.name.startswith("pvc-")))
     objects = render(body, IMAGE)

@@ -164,6 +164,41 @@ def test_a_model_too_big_for_the_gpu_is_degraded_with_the_numbers():
     assert "MiB of weights" in message and "23034 MiB" in message
 
 
+def _seventy_b(gpus: int, **engine) -> dict:
+    return _body(
+        1,
+        model={"source": "hf://meta-llama/Llama-3.1-70B-Instruct"},
+        resources={"gpus": gpus, "gpuType": "L4"},
+        engine={"maxModelLen": 8192, "quantization": "Int4", **engine},
+    )
+
+
+def test_70b_in_int4_fits_four_l4s_split_four_ways_and_not_one():
+    four = _seventy_b(4)
+    fit = check(four["spec"])
+    assert fit.fits is True
+    result = status(four, None, [], fit, NOW)
+    capacity = result["capacity"]
+    # Per GPU: a quarter of the int4 decoder plus the bfloat16 embedding and lm_head (replicated)
+    assert capacity["tensorParallelSize"] == 4 and 12000 < capacity["weightsMiB"] < 23034 - 4096
+    assert capacity["sequencesAtMaxModelLen"] >= 4 and capacity["kvCacheTokens"] > 4 * 8192
+    one = check(_seventy_b(1)["spec"])
+    assert one.fits is False and one.reason == "InsufficientGPUMemory"
+    assert one.capacity["weightsMiB"] > 2 * 23034
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_with_the_reason():
+    body = _seventy_b(4, tensorParallelSize=3)
+    fit = check(body["spec"])
+    assert fit.fits is False
+    result = status(body, None, [], fit, NOW)
+    assert _conditions(result)["Degraded"] == ("True", "InvalidTensorParallelSize")
+    message = _message(result, "Degraded")
+    assert "size 3 does not divide the model's 64 attention heads (choose one of 1, 2, 4, 8)" in (
+        message
+    )
+
+
 @pytest.mark.parametrize(
     ("resources", "said"),
     [

@@ -69,7 +69,7 @@ def test_the_walker_sees_every_import_and_finds_cycles():
     modules = _modules()
     # kvpilot_server/__init__.py imports llm.py only under TYPE_CHECKING and inside a function.
     assert "kvpilot_server.llm" in _imports("kvpilot_server", modules["kvpilot_server"], modules)
-    engine = "kvpilot_server.engine.llm_engine"
+    engine = "kvpilot_server.engine.model_setup"
     # `from kvpilot_server import precision` names the module, not the package.
     assert "kvpilot_server.precision" in _imports(engine, modules[engine], modules)
 

@@ -102,6 +102,38 @@ def test_plan_says_what_fits():
     assert 1.9 < small["kv_bytes_per_token"] / kv8["kv_bytes_per_token"] < 2
 
 
+def test_plan_splits_a_model_across_gpus():
+    seventy = ("--model", "hf://meta-llama/Llama-3.1-70B-Instruct", "--gpu-type", "L4")
+    int4 = ("--quantization", "int4", "--max-model-len", "8192")
+    code, one = _plan(*seventy, *int4)
+    assert code == 1 and not one["fits"]
+    code, four = _plan(*seventy, *int4, "--tensor-parallel-size", "4")
+    assert code == 0 and four["fits"] and four["tensor_parallel_size"] == 4
+    # The decoder splits four ways, the embedding and lm_head (4008 MiB in bfloat16) do not.
+    embeddings = 2 * 128256 * 8192 * 2 // (1 << 20)
+    assert four["weights_mib"] == pytest.approx(
+        (one["weights_mib"] - embeddings) / 4 + embeddings, abs=2
+    )
+    assert four["kv_bytes_per_token"] * 4 == one["kv_bytes_per_token"]  # 8 KV heads, 2 per GPU
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvpilot_server.cli",
+            "plan",
+            *seventy,
+            "--tensor-parallel-size",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "size 3 does not divide the model's 64 attention heads" in result.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("quantization", "group"), [("int8", 32), ("int4", 32), ("int4", 64)])
 def test_quantized_weights_are_predicted_too(smollm2, quantization, group):
