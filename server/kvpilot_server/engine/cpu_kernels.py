@@ -25,17 +25,18 @@ def load_weight_only() -> ModuleType | None:
     """The weight-only int8/int4 linear module (AVX2), or None when disabled or the build fails."""
     if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
         return None
-    return _build("kvpilot_weight_only", "weight_only.cpp")
+    return _build("kvpilot_weight_only", "weight_only.cpp", "int4_int8.cpp")
 
 
 @functools.cache
-def _build(name: str, source: str) -> ModuleType | None:
+def _build(name: str, *sources: str) -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load as build
 
         return build(
             name=name,
-            sources=[str(_CSRC / source)],
+            sources=[str(_CSRC / source) for source in sources],
+            extra_include_paths=[str(_CSRC)],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             verbose=False,

@@ -1,11 +1,14 @@
 """Weight quantization of the decoder's linear layers, applied after loading; embeddings and
 lm_head stay in the model dtype.
 
-int8 and int4: weight-only, activations stay in the model dtype. int8 is symmetric per output
-channel; int4 is asymmetric per group of inputs (a scale and a minimum every 32, 64 or 128
-weights). On CPU in float32, decode-sized batches run our AVX2 kernels (csrc/weight_only.cpp);
-larger batches, and every batch elsewhere (CUDA), expand the weight into one buffer shared by
-the model's layers and run an ordinary matmul.
+int8 and int4: int8 is symmetric per output channel; int4 is asymmetric per group of inputs (a
+scale and a minimum every 32, 64 or 128 weights). On CPU in float32, decode-sized batches run
+our AVX2 kernels (csrc/weight_only.cpp): int8 against float activations, int4 against
+activations quantized to int8 per block of 32 as llama.cpp's Q4_1 x Q8_1 does (csrc/
+int4_int8.cpp: one integer instruction per 32 weights, where widening them to float made the
+kernel compute-bound; the cost is in `kvpilot eval`'s greedy agreement). Larger batches, and
+every batch elsewhere (CUDA), expand the weight into one buffer shared by the model's layers
+and run an ordinary matmul against float activations.
 Not torch's packed int4 CPU matmul: measured 8.7x slower than float32 at one row here. Not
 fbgemm's dynamic int8: it quantizes activations per tensor, and SmolLM2's activation outliers
 (absmax 6.1 vs median 0.017) wreck it (1.6% greedy agreement with float32, measured).
@@ -138,6 +141,8 @@ class Int4Linear(WeightOnlyLinear):
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
         args = self.weight, self.scale, self.minimum, self.group
+        if self.in_features % self.kernel.INT8_ACTIVATION_SPAN == 0:
+            return self.kernel.int4_int8_linear(rows, *args, self.bias)
         return self.kernel.int4_linear(rows, *args, self.bias)
 
     def expand(self, dense: torch.Tensor) -> None:

@@ -2,6 +2,8 @@
 within a stated tolerance of its float version per format, SmolLM2 still answers and agrees with
 float32, and combinations that cannot run fail at start with a clear message."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -46,33 +48,73 @@ def test_int8_linear_matches_dequantized_and_float(out_features, in_features, bi
         assert _relative(got, linear(x)) < TOLERANCE["int8"]
 
 
-@pytest.mark.parametrize(("out_features", "in_features", "bias"), SHAPES)
+def _quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """What the int4 x int8 kernel multiplies, written out in torch: per block of 32 inputs,
+    d = max |x| / 127 and x ~= d * round(x / d), ties to even."""
+    blocks = x.view(x.shape[0], -1, 32)
+    d = blocks.abs().amax(dim=2, keepdim=True) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return (torch.round(blocks * inverse) * d).view_as(x)
+
+
+def _int4_reference(x, quantized, group, bias, int8_activations):
+    """y = x W^T + b with W the int4 weight: the scaled part against the (quantized, on the
+    kernel's path) activations, the group minimum against the exact float group sums."""
+    scaled = dequantize_int4(
+        quantized.weight, quantized.scale, torch.zeros_like(quantized.minimum), group
+    )
+    xs = _quantized_activations(x) if int8_activations else x
+    sums = x.view(x.shape[0], -1, group).sum(2)
+    out = xs @ scaled.t() + sums @ quantized.minimum.t()
+    return out if bias is None else out + bias
+
+
+# 96 inputs are not whole spans of 64: the kernel that widens int4 to float serves them.
+INT4_SHAPES = [(*shape, group) for shape in SHAPES for group in (32, 64)] + [(64, 96, True, 32)]
+
+
+@pytest.mark.parametrize(("out_features", "in_features", "bias", "group"), INT4_SHAPES)
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("group", [32, 64])
-def test_int4_linear_matches_dequantized_and_float(out_features, in_features, bias, rows, group):
+def test_int4_linear_matches_its_reference_and_float(out_features, in_features, bias, group, rows):
     torch.manual_seed(0)
     linear = nn.Linear(in_features, out_features, bias=bias)
     x = torch.randn(rows, in_features)
+    x[0, 5] = 40.0  # an outlier costs precision in its own block of 32 only
     quantized = Int4Linear(linear, DenseBuffer(torch.empty(0)), group)
-    dense = dequantize_int4(quantized.weight, quantized.scale, quantized.minimum, group)
-    reference = nn.functional.linear(x, dense, linear.bias)
+    int8_activations = rows <= KERNEL_MAX_ROWS and in_features % 64 == 0
+    reference = _int4_reference(x, quantized, group, linear.bias, int8_activations)
     got = quantized(x)
     assert torch.allclose(got, reference, rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         assert _relative(got, linear(x)) < TOLERANCE["int4"]
 
 
-def test_int4_group_scales_follow_the_weights_not_the_row():
-    # One large weight ruins a whole row's scale only in per-channel formats: with groups, the
-    # other groups of that row keep their precision.
+def test_int8_activations_follow_the_torch_definition():
     torch.manual_seed(0)
-    linear = nn.Linear(128, 4, bias=False)
-    with torch.no_grad():
-        linear.weight[0, 0] = 50.0
+    x = torch.randn(5, 576) * torch.logspace(-3, 2, 576)  # blocks of very different ranges
+    x[1, :32] = 0.0  # an all-zero block: scale 0, every value 0
+    x[2, 7] = 0.5 * x[2, :32].abs().max()  # nothing special, a tie is rare but possible
+    xq, d = cpu_kernels.load_weight_only().quantize_activations(x)
+    assert xq.dtype == torch.int8 and d.shape == (5, 576 // 32)
+    expected = _quantized_activations(x)
+    assert torch.equal((xq.float().view(5, -1, 32) * d[..., None]).view_as(x), expected)
+    assert d[1, 0] == 0 and torch.all(xq[1, :32] == 0)
+
+
+@pytest.mark.parametrize("outliers", [1.0, 30.0, 300.0])
+def test_int8_activations_cost_less_than_the_int4_weights_do(outliers):
+    # Per-block scales: the error the activations add stays under the 4-bit weights' own, even
+    # with outliers in a third of the blocks (per-tensor int8 activations fail on those).
+    torch.manual_seed(0)
+    linear = nn.Linear(1536, 576)
+    x = torch.randn(4, 1536)
+    x[:, ::97] *= outliers
     quantized = Int4Linear(linear, DenseBuffer(torch.empty(0)), 32)
-    dense = dequantize_int4(quantized.weight, quantized.scale, quantized.minimum, 32)
-    untouched = slice(32, 128)
-    assert _relative(dense[0, untouched], linear.weight[0, untouched].detach()) < 0.1
+    float_activations = _int4_reference(x, quantized, 32, linear.bias, int8_activations=False)
+    with torch.no_grad():
+        weights_error = _relative(float_activations, linear(x))
+    assert _relative(quantized(x), float_activations) < weights_error
+    assert weights_error < TOLERANCE["int4"]
 
 
 @pytest.mark.parametrize(("out_features", "in_features", "bias"), SHAPES)
@@ -132,8 +174,9 @@ def test_without_the_kernel_the_reference_path_gives_the_same_answer(monkeypatch
     ]
     for module in slow:
         module.kernel = None
-    for a, b in zip(fast, slow, strict=True):
-        assert torch.allclose(a(x), b(x), rtol=1e-4, atol=1e-4)
+    # int8 exact; int4's kernel quantizes the activations, within a stated tolerance.
+    assert torch.allclose(fast[0](x), slow[0](x), rtol=1e-4, atol=1e-4)
+    assert _relative(fast[1](x), slow[1](x)) < 0.03
 
 
 @pytest.mark.slow
@@ -178,3 +221,27 @@ def test_unsupported_combinations_fail_at_start(smollm2):
         EngineConfig(quantization="int4", quantization_group_size=48)
     with pytest.raises(ConfigError, match="quantization 'int3' is not supported"):
         EngineConfig(quantization="int3")
+
+
+def test_cpus_without_vnni_get_the_same_int4_answers(tmp_path):
+    # AVX2-only CPUs multiply the bytes with maddubs + madd instead of VNNI's dpbusd; the
+    # integers are exact either way, so the answers must be identical, not merely close. Built
+    # here with VNNI switched off, as such a CPU would build it.
+    from torch.utils.cpp_extension import load
+
+    csrc = Path(cpu_kernels.__file__).parent / "csrc"
+    portable = load(
+        name="kvpilot_weight_only_without_vnni",
+        sources=[str(csrc / "weight_only.cpp"), str(csrc / "int4_int8.cpp")],
+        extra_include_paths=[str(csrc)],
+        extra_cflags=["-O3", "-march=native", "-mno-avxvnni", "-mno-avx512vnni", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(tmp_path),
+    )
+    torch.manual_seed(0)
+    quantized = Int4Linear(nn.Linear(1536, 576), DenseBuffer(torch.empty(0)), 32)
+    args = quantized.weight, quantized.scale, quantized.minimum, 32, quantized.bias
+    for rows in (1, 5, KERNEL_MAX_ROWS):
+        x = torch.randn(rows, 1536) * 3
+        native = quantized.kernel.int4_int8_linear(x, *args)
+        assert torch.equal(portable.int4_int8_linear(x, *args), native)

@@ -5,25 +5,19 @@
 // while this loop splits output rows across every core and streams each weight row once.
 //
 // Decode is memory-bound: int8 weights are a quarter of the bytes of float32 ones, int4 an
-// eighth. Activations stay float32, so there is no activation quantization error (LLM
+// eighth. Here activations stay float32, so there is no activation quantization error (LLM
 // activations have outliers that per-tensor int8 activations cannot represent). Each 16-weight
 // chunk is widened to float once and used for up to eight input rows held in registers; output
-// rows are split across OpenMP threads. Large batches (prefill) are compute-bound: for them
+// rows are split across OpenMP threads. Widening int4 costs more than reading it, so int4
+// layers whose inputs come in whole spans take int4_int8.cpp's integer product instead. Large batches (prefill) are compute-bound: for them
 // `dequantize` writes the float weight into a caller's buffer for one ordinary matmul.
-#include <torch/extension.h>
-#include <immintrin.h>
-
-#include <algorithm>
+#include "product.h"
 
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
+using kvpilot::hsum;
+using kvpilot::product;
+using kvpilot::rows_of;
 
 // int8, symmetric per output row: w[o, i] = q[o, i] * scale[o]. The scale is applied once per
 // output, after the dot product.
@@ -96,43 +90,6 @@ void dot_rows(const W& w, int64_t o, const float* x, int64_t in, float* sums) {
     sums[r] = hsum(acc[r]);
     for (int64_t j = i; j < in; ++j) sums[r] += x[r * in + j] * w.at(o, j);
   }
-}
-
-constexpr int kBlock = 8;  // input rows per pass: 8 accumulators + 2 weight registers of 16
-
-// y = x W^T + bias for every output row, split across threads; `dot.template rows<R>(o, r0,
-// sums)` gives R consecutive input rows' results for output row o (R a compile-time count so
-// the accumulators stay in registers).
-template <typename Dot>
-torch::Tensor product(const Dot& dot, int64_t rows, int64_t out, const torch::Tensor& like,
-                      const c10::optional<torch::Tensor>& bias) {
-  auto y = torch::empty({rows, out}, like.options());
-  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < out; ++o) {
-    float sums[kBlock];
-    for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
-      const int64_t n = std::min<int64_t>(kBlock, rows - r0);
-      switch (n) {
-        case 1: dot.template rows<1>(o, r0, sums); break;
-        case 2: dot.template rows<2>(o, r0, sums); break;
-        case 3: dot.template rows<3>(o, r0, sums); break;
-        case 4: dot.template rows<4>(o, r0, sums); break;
-        case 5: dot.template rows<5>(o, r0, sums); break;
-        case 6: dot.template rows<6>(o, r0, sums); break;
-        case 7: dot.template rows<7>(o, r0, sums); break;
-        default: dot.template rows<8>(o, r0, sums); break;
-      }
-      for (int64_t r = 0; r < n; ++r) yp[(r0 + r) * out + o] = sums[r] + (bp ? bp[o] : 0.0f);
-    }
-  }
-  return y;
-}
-
-torch::Tensor rows_of(const torch::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: 2-D float32");
-  return x.contiguous();
 }
 
 // Any format with load(): the weight widened chunk by chunk, its row scale applied at the end.
@@ -284,10 +241,22 @@ void int4_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor minimum
   expand(int4_weights(q, scale, minimum, group), q.size(0), q.size(1) * 2, dense);
 }
 
+// int4_int8.cpp
+std::vector<torch::Tensor> quantize_activations(torch::Tensor x);
+int64_t int8_activation_span();
+torch::Tensor int4_int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
+                               torch::Tensor minimum, int64_t group,
+                               c10::optional<torch::Tensor> bias);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("float32_linear", &float32_linear, "float32 linear for a few rows, all cores (AVX2)");
   m.def("int8_linear", &int8_linear, "weight-only int8 linear (AVX2)");
   m.def("int4_linear", &int4_linear, "weight-only group-wise int4 linear (AVX2)");
+  m.attr("INT8_ACTIVATION_SPAN") = int8_activation_span();
+  m.def("int4_int8_linear", &int4_int8_linear,
+        "group-wise int4 weights x int8 activations per block of 32 (VNNI where present)");
+  m.def("quantize_activations", &quantize_activations,
+        "int8 activations per block of 32 as int4_int8_linear makes them: (xq, scale)");
   m.def("int8_dequantize", &int8_dequantize, "int8 weight -> float32, into a given buffer");
   m.def("int4_dequantize", &int4_dequantize, "int4 weight -> float32, into a given buffer");
 }

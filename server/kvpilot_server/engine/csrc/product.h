@@ -1,0 +1,56 @@
+// What every decode-sized product in this directory shares: output rows split across OpenMP
+// threads, up to kBlock input rows against each weight row so the weights are read once.
+#pragma once
+#include <torch/extension.h>
+#include <immintrin.h>
+
+#include <algorithm>
+
+namespace kvpilot {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+
+constexpr int kBlock = 8;  // input rows per pass: 8 accumulators + 2 weight registers of 16
+
+// y = x W^T + bias for every output row, split across threads; `dot.template rows<R>(o, r0,
+// sums)` gives R consecutive input rows' results for output row o (R a compile-time count so
+// the accumulators stay in registers).
+template <typename Dot>
+torch::Tensor product(const Dot& dot, int64_t rows, int64_t out, const torch::Tensor& like,
+                      const c10::optional<torch::Tensor>& bias) {
+  auto y = torch::empty({rows, out}, like.options());
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < out; ++o) {
+    float sums[kBlock];
+    for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+      const int64_t n = std::min<int64_t>(kBlock, rows - r0);
+      switch (n) {
+        case 1: dot.template rows<1>(o, r0, sums); break;
+        case 2: dot.template rows<2>(o, r0, sums); break;
+        case 3: dot.template rows<3>(o, r0, sums); break;
+        case 4: dot.template rows<4>(o, r0, sums); break;
+        case 5: dot.template rows<5>(o, r0, sums); break;
+        case 6: dot.template rows<6>(o, r0, sums); break;
+        case 7: dot.template rows<7>(o, r0, sums); break;
+        default: dot.template rows<8>(o, r0, sums); break;
+      }
+      for (int64_t r = 0; r < n; ++r) yp[(r0 + r) * out + o] = sums[r] + (bp ? bp[o] : 0.0f);
+    }
+  }
+  return y;
+}
+
+inline torch::Tensor rows_of(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: 2-D float32");
+  return x.contiguous();
+}
+
+}  // namespace kvpilot
