@@ -28,8 +28,16 @@ def load_weight_only() -> ModuleType | None:
     return _build("kvpilot_weight_only", "weight_only.cpp", "int4_int8.cpp")
 
 
+def load_layer_ops() -> ModuleType | None:
+    """A decode layer's small ops (norms, rotary embedding), or None when disabled or the build
+    fails. Without contracted multiply-adds: the rotation then equals PyTorch's bit for bit."""
+    if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
+        return None
+    return _build("kvpilot_layer_ops", "layer_ops.cpp", flags=("-ffp-contract=off",))
+
+
 @functools.cache
-def _build(name: str, *sources: str) -> ModuleType | None:
+def _build(name: str, *sources: str, flags: tuple[str, ...] = ()) -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load as build
 
@@ -37,7 +45,7 @@ def _build(name: str, *sources: str) -> ModuleType | None:
             name=name,
             sources=[str(_CSRC / source) for source in sources],
             extra_include_paths=[str(_CSRC)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", *flags],
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )

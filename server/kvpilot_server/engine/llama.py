@@ -6,15 +6,23 @@ parallelism `cfg` is one rank's share (engine/parallel.py) and o_proj and down_p
 one all-reduce.
 """
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvpilot_server.engine import cpu_kernels
 from kvpilot_server.engine.attention import AttentionMetadata, Workspace, paged_attention
 from kvpilot_server.engine.kv_cache import LayerCache
 from kvpilot_server.engine.linear import linear
 from kvpilot_server.engine.model_config import ModelConfig
 from kvpilot_server.engine.parallel import SINGLE, TensorParallel
+
+
+def _layer_ops(x: torch.Tensor) -> ModuleType | None:
+    """The compiled small ops, for float32 on CPU (None elsewhere: PyTorch's ops serve)."""
+    return cpu_kernels.load_layer_ops() if x.is_cpu and x.dtype == torch.float32 else None
 
 
 class RMSNorm(nn.Module):
@@ -23,9 +31,18 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """The norm of x; with a residual, (norm(residual + x), residual + x): a layer's
+        residual add and the next norm in one call (the sum is written into `residual`)."""
+        ops = _layer_ops(x)
+        if residual is not None:
+            if ops is not None:  # x may be a transposed product (linear.py's split path)
+                return ops.add_rms_norm(x.contiguous(), residual, self.weight, self.eps), residual
+            residual = residual + x
+            return self(residual), residual
+        if ops is not None and x.dim() == 2 and x.is_contiguous():
+            return ops.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:
-            # One fused op instead of six: per-op overhead dominates small decode steps.
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Mirrors transformers for half types: normalise in float32, scale in the model dtype.
         dtype = x.dtype
@@ -35,6 +52,9 @@ class RMSNorm(nn.Module):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    ops = _layer_ops(x)
+    if ops is not None and cos.is_contiguous() and sin.is_contiguous():
+        return ops.rotate(x, cos, sin)  # the same arithmetic in one call
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -94,9 +114,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, tp)
 
-    def forward(self, x, cos, sin, kv_cache, metas, ws):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metas, ws)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos, sin, kv_cache, metas, ws):
+        """(this layer's MLP output, the residual stream before it is added): each residual add
+        happens in the norm that follows it."""
+        if residual is None:  # the first layer: the embeddings are the residual stream
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, cos, sin, kv_cache, metas, ws)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -121,10 +148,11 @@ class LlamaForCausalLM(nn.Module):
         metas: dict[int | None, AttentionMetadata],
         logits_rows: torch.Tensor | None,  # rows whose next-token logits are needed
     ) -> torch.Tensor | None:
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, metas, self.workspace)
+            x, residual = layer(x, residual, cos, sin, kv_cache, metas, self.workspace)
         if logits_rows is None:  # a tensor-parallel worker: rank 0 samples, from its own logits
             return None
         # Only the last token of each sampling sequence needs the (large) vocabulary projection.
-        return self.lm_head(self.norm(x[logits_rows])).float()
+        h, _ = self.norm(x[logits_rows], residual[logits_rows])
+        return self.lm_head(h).float()

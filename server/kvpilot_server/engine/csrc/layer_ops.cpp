@@ -1,0 +1,92 @@
+// The small per-layer ops of a decode step, one call each. At batch 1 a decoder layer's
+// norms and rotation are a dozen PyTorch ops of a few microseconds each, as long as its
+// matrix products together; here each is one call.
+//
+// Built with -ffp-contract=off: the rotation is then the same float operations in the same
+// order as PyTorch's reference (x * cos + rotate_half(x) * sin), bit for bit. The norm's sum of
+// squares is accumulated in double, as close to exact as float32 inputs allow.
+#include <torch/extension.h>
+
+#include <cmath>
+
+namespace {
+
+void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "x: contiguous 2-D float32");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "weight: [x.size(1)]");
+}
+
+// out = weight * (x * 1 / sqrt(mean(x^2) + eps)), in the reference's order of multiplies.
+void normalize(const float* x, const float* weight, int64_t dim, double eps, float* out) {
+  double squares = 0.0;
+  for (int64_t i = 0; i < dim; ++i) squares += static_cast<double>(x[i]) * x[i];
+  const float variance = static_cast<float>(squares / dim);
+  const float inverse = 1.0f / std::sqrt(variance + static_cast<float>(eps));
+  for (int64_t i = 0; i < dim; ++i) out[i] = weight[i] * (x[i] * inverse);
+}
+
+}  // namespace
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  check_rows(x, weight);
+  auto out = torch::empty_like(x);
+  const int64_t rows = x.size(0), dim = x.size(1);
+  const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+#pragma omp parallel for schedule(static) if (rows > 64)
+  for (int64_t r = 0; r < rows; ++r) normalize(xp + r * dim, wp, dim, eps, op + r * dim);
+  return out;
+}
+
+// residual += x in place, then the norm of the sum: a layer's residual add and the next norm.
+torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
+                           double eps) {
+  check_rows(x, weight);
+  check_rows(residual, weight);
+  TORCH_CHECK(x.sizes() == residual.sizes(), "x and residual: the same shape");
+  auto out = torch::empty_like(x);
+  const int64_t rows = x.size(0), dim = x.size(1);
+  const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  float *rp = residual.data_ptr<float>(), *op = out.data_ptr<float>();
+#pragma omp parallel for schedule(static) if (rows > 64)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = rp + r * dim;
+    for (int64_t i = 0; i < dim; ++i) row[i] += xp[r * dim + i];
+    normalize(row, wp, dim, eps, op + r * dim);
+  }
+  return out;
+}
+
+// Rotary embedding, neox layout: x [rows, heads, head_dim] with any strides (a split of the
+// fused qkv output, itself sometimes transposed), cos and sin [rows, 1, head_dim] contiguous.
+// A new contiguous tensor.
+torch::Tensor rotate(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == torch::kFloat32, "x: [rows, heads, head_dim]");
+  const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == rows * dim &&
+                  sin.numel() == rows * dim, "cos, sin: [rows, 1, head_dim] contiguous");
+  auto out = torch::empty({rows, heads, dim}, x.options());
+  const float *xp = x.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t row_stride = x.stride(0), head_stride = x.stride(1), step = x.stride(2);
+#pragma omp parallel for schedule(static) if (rows > 64)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *c = cp + r * dim, *s = sp + r * dim;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* in = xp + r * row_stride + h * head_stride;
+      float* o = op + (r * heads + h) * dim;
+      for (int64_t i = 0; i < half; ++i)
+        o[i] = in[i * step] * c[i] + (-in[(i + half) * step]) * s[i];
+      for (int64_t i = half; i < dim; ++i)
+        o[i] = in[i * step] * c[i] + in[(i - half) * step] * s[i];
+    }
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMSNorm of each row");
+  m.def("add_rms_norm", &add_rms_norm, "residual += x, then the RMSNorm of residual");
+  m.def("rotate", &rotate, "rotary embedding (neox layout), into a new tensor");
+}
