@@ -1,4 +1,4 @@
-"""Peer benchmark: kvpilot int4-g32 and float32 vs llama.cpp on the bundled Q4_1 GGUF.
+"""Peer benchmark: kvpilot int4-g32 (int8 lm_head) and float32 vs llama.cpp on the Q4_1 GGUF.
 
 Same run, same token ids, greedy; prints one JSON document. Measures batch-1 decode ms/token
 (median of runs, prefill excluded, one prompt) and the engine_throughput.py mixed workload sent
@@ -123,7 +123,9 @@ def machine() -> dict:
     }
 
 
-def measure_kvpilot(quantization: str, dtype: str, prompt, requests, args) -> dict:
+def measure_kvpilot(
+    quantization: str, dtype: str, prompt, requests, args, lm_head: str = "none"
+) -> dict:
     # Imported here so --help and the llama.cpp worker need neither torch nor kvpilot.
     import torch
     from engine_throughput import MODEL, decode_ms_per_token, run_kvpilot
@@ -135,6 +137,7 @@ def measure_kvpilot(quantization: str, dtype: str, prompt, requests, args) -> di
         dtype=dtype,
         quantization=quantization,
         quantization_group_size=32,  # Q4_1's block size: the same weights as the GGUF's
+        lm_head_quantization=lm_head,
         max_model_len=N_CTX,
         kv_cache_bytes=2 << 30,
         # Off: the same prompts run several times here, and llama.cpp prefills each in full.
@@ -155,6 +158,7 @@ def measure_kvpilot(quantization: str, dtype: str, prompt, requests, args) -> di
     figures = {
         "dtype": str(llm.engine.dtype).removeprefix("torch."),
         "quantization": quantization if quantization == "none" else f"{quantization}-g32",
+        "lm_head_quantization": lm_head,
         "torch_threads": torch.get_num_threads(),
         "batch1_ms_per_token": round(ms, 2),
         "sequential": _rate(elapsed, produced),
@@ -227,7 +231,8 @@ def main() -> None:
         "batch1_decode_tokens": args.decode_tokens,
     }
     engines = {
-        "kvpilot_int4": measure_kvpilot("int4", "float32", prompt, requests, args),
+        # The GGUF's tied lm_head is 8-bit (Q8_0): kvpilot's int4 run takes its int8 one too.
+        "kvpilot_int4": measure_kvpilot("int4", "float32", prompt, requests, args, "int8"),
         "kvpilot_float32": measure_kvpilot("none", "float32", prompt, requests, args),
     }
     if not args.skip_llamacpp:
@@ -251,7 +256,6 @@ def main() -> None:
         seq = peer.pop("sequential")
         peer["sequential"] = _rate(seq["elapsed_s"], seq["output_tokens"])
         peer["batch1_ms_per_token"] = round(peer["batch1_ms_per_token"], 2)
-        # The GGUF ties lm_head to token_embd, stored Q8_0; kvpilot's lm_head stays float32.
         peer["weights"] = "Q4_1 linears, Q8_0 token_embd/lm_head (tied)"
         # llama.cpp's OpenMP threads collapse when another process takes a core: keep the load.
         peer["load_avg_1m_after"] = _load()
