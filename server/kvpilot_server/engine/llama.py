@@ -6,6 +6,7 @@ parallelism `cfg` is one rank's share (engine/parallel.py) and o_proj and down_p
 one all-reduce.
 """
 
+import functools
 from types import ModuleType
 
 import torch
@@ -20,9 +21,14 @@ from kvpilot_server.engine.model_config import ModelConfig
 from kvpilot_server.engine.parallel import SINGLE, TensorParallel
 
 
+@functools.cache
+def _compiled_layer_ops() -> ModuleType | None:
+    return cpu_kernels.load_layer_ops()  # looked up once: reading the environment costs µs
+
+
 def _layer_ops(x: torch.Tensor) -> ModuleType | None:
     """The compiled small ops, for float32 on CPU (None elsewhere: PyTorch's ops serve)."""
-    return cpu_kernels.load_layer_ops() if x.is_cpu and x.dtype == torch.float32 else None
+    return _compiled_layer_ops() if x.is_cpu and x.dtype == torch.float32 else None
 
 
 class RMSNorm(nn.Module):

@@ -138,12 +138,12 @@ class Int4Linear(WeightOnlyLinear):
         self.register_buffer("weight", weight)
         self.register_buffer("scale", scale)
         self.register_buffer("minimum", minimum)
+        if self.kernel is not None:  # int8 activations need whole spans of inputs
+            whole = self.in_features % self.kernel.INT8_ACTIVATION_SPAN == 0
+            self.product = self.kernel.int4_int8_linear if whole else self.kernel.int4_linear
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        args = self.weight, self.scale, self.minimum, self.group
-        if self.in_features % self.kernel.INT8_ACTIVATION_SPAN == 0:
-            return self.kernel.int4_int8_linear(rows, *args, self.bias)
-        return self.kernel.int4_linear(rows, *args, self.bias)
+        return self.product(rows, self.weight, self.scale, self.minimum, self.group, self.bias)
 
     def expand(self, dense: torch.Tensor) -> None:
         if self.kernel is not None:
