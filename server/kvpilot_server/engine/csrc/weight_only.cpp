@@ -9,13 +9,16 @@
 // activations have outliers that per-tensor int8 activations cannot represent). Each 16-weight
 // chunk is widened to float once and used for up to eight input rows held in registers; output
 // rows are split across OpenMP threads. Widening int4 costs more than reading it, so int4
-// layers whose inputs come in whole spans take int4_int8.cpp's integer product instead. Large batches (prefill) are compute-bound: for them
-// `dequantize` writes the float weight into a caller's buffer for one ordinary matmul.
+// layers whose inputs come in whole spans take int4_int8.cpp's integer product instead. Large
+// batches (prefill) are compute-bound: for them `dequantize` writes the float weight into a
+// caller's buffer for one ordinary matmul.
 #include "product.h"
 
 namespace {
 
 using kvpilot::hsum;
+using kvpilot::kAhead;
+using kvpilot::prefetch;
 using kvpilot::product;
 using kvpilot::rows_of;
 
@@ -33,6 +36,7 @@ struct Int8Weights {
   }
   float at(int64_t o, int64_t i) const { return static_cast<float>(q[o * in + i]); }
   float row_scale(int64_t o) const { return scale[o]; }
+  void fetch(int64_t o) const { prefetch(q + o * in, in); }
 };
 
 // int4, asymmetric per group: w[o, i] = q * scale[o, g] + minimum[o, g], q in [0, 15]. In each
@@ -56,6 +60,11 @@ struct Int4Weights {
   }
   float at(int64_t, int64_t) const { return 0.0f; }  // never called: in % 16 == 0
   float row_scale(int64_t) const { return 1.0f; }
+  void fetch(int64_t o) const {
+    prefetch(q + o * in / 2, in / 2);
+    prefetch(scale + o * (in / group), in / group * 4);
+    prefetch(minimum + o * (in / group), in / group * 4);
+  }
 };
 
 // float32, as stored by the model: nothing to widen.
@@ -69,6 +78,7 @@ struct Float32Weights {
   }
   float at(int64_t o, int64_t i) const { return w[o * in + i]; }
   float row_scale(int64_t) const { return 1.0f; }
+  void fetch(int64_t o) const { prefetch(w + o * in, in * 4); }
 };
 
 // R input rows against one output row; R is a template argument so the accumulators stay in
@@ -97,10 +107,11 @@ template <typename W>
 struct WidenedDot {
   const W& w;
   const float* x;
-  int64_t in;
+  int64_t in, out;
 
   template <int R>
   void rows(int64_t o, int64_t r0, float* sums) const {
+    if (r0 == 0 && o + kAhead < out) w.fetch(o + kAhead);
     dot_rows<R>(w, o, x + r0 * in, in, sums);
     for (int r = 0; r < R; ++r) sums[r] *= w.row_scale(o);
   }
@@ -110,7 +121,7 @@ template <typename W>
 torch::Tensor matmul(const W& w, const torch::Tensor& x_in, int64_t out,
                      const c10::optional<torch::Tensor>& bias) {
   auto x = rows_of(x_in);
-  const WidenedDot<W> dot{w, x.data_ptr<float>(), x.size(1)};
+  const WidenedDot<W> dot{w, x.data_ptr<float>(), x.size(1), out};
   return product(dot, x.size(0), out, x, bias);
 }
 
@@ -156,9 +167,11 @@ struct Int4Dot {
   const Int4Weights& w;
   const float* x;
   const float* xsum;
+  int64_t out;
 
   template <int R>
   void rows(int64_t o, int64_t r0, float* sums) const {
+    if (r0 == 0 && o + kAhead < out) w.fetch(o + kAhead);
     dot_rows_int4<R>(w, o, x + r0 * w.in, xsum + r0 * (w.in / w.group), sums);
   }
 };
@@ -169,7 +182,7 @@ torch::Tensor matmul_int4(const Int4Weights& w, const torch::Tensor& x_in, int64
   const int64_t rows = x.size(0);
   // Each row's sum over each group of inputs: the minimum's share of every output.
   auto xsum = x.view({rows, w.in / w.group, w.group}).sum(2).contiguous();
-  const Int4Dot dot{w, x.data_ptr<float>(), xsum.data_ptr<float>()};
+  const Int4Dot dot{w, x.data_ptr<float>(), xsum.data_ptr<float>(), out};
   return product(dot, rows, out, x, bias);
 }
 
