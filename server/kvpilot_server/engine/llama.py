@@ -108,7 +108,11 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.intermediate, cfg.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        ops = _layer_ops(gate_up)
+        if ops is not None and gate_up.dim() == 2 and gate_up.stride(1) == 1:
+            return self.tp.all_reduce(self.down_proj(ops.silu_mul(gate_up)))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 

@@ -1,6 +1,6 @@
 """The compiled small ops of a decode layer against PyTorch's own: the rotation bit for bit
-(same float operations, no contracted multiply-adds), the norms to float32 rounding, the
-residual add exactly."""
+(same float operations, no contracted multiply-adds), the norms and silu to float32 rounding,
+the residual add exactly."""
 
 import pytest
 import torch
@@ -54,3 +54,16 @@ def test_the_model_norm_gives_the_same_answer_without_the_kernels(monkeypatch):
     slow, slow_residual = norm(x, residual.clone())
     assert torch.equal(fast_residual, slow_residual)
     assert torch.allclose(fast, slow, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_silu_mul_matches_pytorch_to_the_last_bits(rows):
+    # x / (1 + e^-x) as PyTorch defines silu; its vectorised exp may round the last bit apart.
+    torch.manual_seed(0)
+    gate_up = torch.randn(rows, 2 * 1536) * 4
+    gate, up = gate_up.split(1536, dim=-1)
+    expected = F.silu(gate) * up
+    torch.testing.assert_close(ops.silu_mul(gate_up), expected, rtol=2e-6, atol=1e-6)
+    padded = torch.randn(rows, 2 * 1536 + 8)[:, : 2 * 1536]  # rows further apart than wide
+    gate, up = padded.split(1536, dim=-1)
+    torch.testing.assert_close(ops.silu_mul(padded), F.silu(gate) * up, rtol=2e-6, atol=1e-6)

@@ -85,7 +85,28 @@ torch::Tensor rotate(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   return out;
 }
 
+// silu(gate) * up for the fused gate_up output [rows, 2 * width] (any row stride, the last
+// dimension contiguous): a split, a silu and a multiply in one call. silu is x / (1 + e^-x) in
+// float, as PyTorch defines it; its vectorised exp may differ in the last bit.
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == torch::kFloat32 &&
+                  gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+              "gate_up: [rows, 2 * width] float32, the last dimension contiguous");
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2, stride = gate_up.stride(0);
+  auto out = torch::empty({rows, width}, gate_up.options());
+  const float* gp = gate_up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+#pragma omp parallel for schedule(static) if (rows > 16)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *gate = gp + r * stride, *up = gate + width;
+    for (int64_t i = 0; i < width; ++i)
+      op[r * width + i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up output");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row");
   m.def("add_rms_norm", &add_rms_norm, "residual += x, then the RMSNorm of residual");
   m.def("rotate", &rotate, "rotary embedding (neox layout), into a new tensor");
