@@ -25,7 +25,7 @@ def load_weight_only() -> ModuleType | None:
     """The weight-only int8/int4 linear module (AVX2), or None when disabled or the build fails."""
     if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
         return None
-    return _build("kvpilot_weight_only", "weight_only.cpp", "int4_int8.cpp")
+    return _build("kvpilot_weight_only", "weight_only.cpp", "int8_activations.cpp")
 
 
 def load_layer_ops() -> ModuleType | None:

@@ -4,11 +4,11 @@ lm_head stay in the model dtype.
 int8 and int4: int8 is symmetric per output channel; int4 is asymmetric per group of inputs (a
 scale and a minimum every 32, 64 or 128 weights). On CPU in float32, decode-sized batches run
 our AVX2 kernels (csrc/weight_only.cpp): int8 against float activations, int4 against
-activations quantized to int8 per block of 32 as llama.cpp's Q4_1 x Q8_1 does (csrc/
-int4_int8.cpp: one integer instruction per 32 weights, where widening them to float made the
-kernel compute-bound; the cost is in `kvpilot eval`'s greedy agreement). Larger batches, and
-every batch elsewhere (CUDA), expand the weight into one buffer shared by the model's layers
-and run an ordinary matmul against float activations.
+activations quantized to int8 per block of 32 as llama.cpp's Q4_1 x Q8_1 does
+(csrc/int8_activations.cpp: one integer instruction per 32 weights, where widening them to
+float made the kernel compute-bound; the cost is in `kvpilot eval`'s quality figures). Larger
+batches, and every batch elsewhere (CUDA), expand the weight into one buffer shared by the
+model's layers and run an ordinary matmul against float activations.
 Not torch's packed int4 CPU matmul: measured 8.7x slower than float32 at one row here. Not
 fbgemm's dynamic int8: it quantizes activations per tensor, and SmolLM2's activation outliers
 (absmax 6.1 vs median 0.017) wreck it (1.6% greedy agreement with float32, measured).
@@ -80,6 +80,15 @@ def dequantize_int4(
     chunks = packed.view(out_features, -1, 1, 8)
     q = torch.cat((chunks & 0x0F, chunks >> 4), dim=2).view(out_features, -1, group)
     return (q.float() * scale[..., None] + minimum[..., None]).view(out_features, -1)
+
+
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the decode kernels multiply it (the reference they are tested against): per block
+    of 32 inputs, d = max |x| / 127 and x ~= d * round(x / d), ties to even."""
+    blocks = x.float().view(*x.shape[:-1], -1, 32)
+    d = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return (torch.round(blocks * inverse) * d).view(x.shape)
 
 
 class WeightOnlyLinear(nn.Module):

@@ -18,6 +18,7 @@ from kvpilot_server.engine.quant import (
     Int4Linear,
     Int8Linear,
     dequantize_int4,
+    int8_activations,
     quantize_int8,
 )
 from kvpilot_server.errors import ConfigError
@@ -48,22 +49,13 @@ def test_int8_linear_matches_dequantized_and_float(out_features, in_features, bi
         assert _relative(got, linear(x)) < TOLERANCE["int8"]
 
 
-def _quantized_activations(x: torch.Tensor) -> torch.Tensor:
-    """What the int4 x int8 kernel multiplies, written out in torch: per block of 32 inputs,
-    d = max |x| / 127 and x ~= d * round(x / d), ties to even."""
-    blocks = x.view(x.shape[0], -1, 32)
-    d = blocks.abs().amax(dim=2, keepdim=True) / 127
-    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    return (torch.round(blocks * inverse) * d).view_as(x)
-
-
-def _int4_reference(x, quantized, group, bias, int8_activations):
+def _int4_reference(x, quantized, group, bias, int8_x):
     """y = x W^T + b with W the int4 weight: the scaled part against the (quantized, on the
     kernel's path) activations, the group minimum against the exact float group sums."""
     scaled = dequantize_int4(
         quantized.weight, quantized.scale, torch.zeros_like(quantized.minimum), group
     )
-    xs = _quantized_activations(x) if int8_activations else x
+    xs = int8_activations(x) if int8_x else x
     sums = x.view(x.shape[0], -1, group).sum(2)
     out = xs @ scaled.t() + sums @ quantized.minimum.t()
     return out if bias is None else out + bias
@@ -81,8 +73,8 @@ def test_int4_linear_matches_its_reference_and_float(out_features, in_features, 
     x = torch.randn(rows, in_features)
     x[0, 5] = 40.0  # an outlier costs precision in its own block of 32 only
     quantized = Int4Linear(linear, DenseBuffer(torch.empty(0)), group)
-    int8_activations = rows <= KERNEL_MAX_ROWS and in_features % 64 == 0
-    reference = _int4_reference(x, quantized, group, linear.bias, int8_activations)
+    int8_x = rows <= KERNEL_MAX_ROWS and in_features % 64 == 0
+    reference = _int4_reference(x, quantized, group, linear.bias, int8_x)
     got = quantized(x)
     assert torch.allclose(got, reference, rtol=1e-4, atol=1e-4)
     with torch.no_grad():
@@ -96,7 +88,7 @@ def test_int8_activations_follow_the_torch_definition():
     x[2, 7] = 0.5 * x[2, :32].abs().max()  # nothing special, a tie is rare but possible
     xq, d = cpu_kernels.load_weight_only().quantize_activations(x)
     assert xq.dtype == torch.int8 and d.shape == (5, 576 // 32)
-    expected = _quantized_activations(x)
+    expected = int8_activations(x)
     assert torch.equal((xq.float().view(5, -1, 32) * d[..., None]).view_as(x), expected)
     assert d[1, 0] == 0 and torch.all(xq[1, :32] == 0)
 
@@ -110,7 +102,7 @@ def test_int8_activations_cost_less_than_the_int4_weights_do(outliers):
     x = torch.randn(4, 1536)
     x[:, ::97] *= outliers
     quantized = Int4Linear(linear, DenseBuffer(torch.empty(0)), 32)
-    float_activations = _int4_reference(x, quantized, 32, linear.bias, int8_activations=False)
+    float_activations = _int4_reference(x, quantized, 32, linear.bias, int8_x=False)
     with torch.no_grad():
         weights_error = _relative(float_activations, linear(x))
     assert _relative(quantized(x), float_activations) < weights_error
@@ -223,7 +215,7 @@ def test_unsupported_combinations_fail_at_start(smollm2):
         EngineConfig(quantization="int3")
 
 
-def test_cpus_without_vnni_get_the_same_int4_answers(tmp_path):
+def test_cpus_without_vnni_get_the_same_answers(tmp_path):
     # AVX2-only CPUs multiply the bytes with maddubs + madd instead of VNNI's dpbusd; the
     # integers are exact either way, so the answers must be identical, not merely close. Built
     # here with VNNI switched off, as such a CPU would build it.
@@ -232,16 +224,21 @@ def test_cpus_without_vnni_get_the_same_int4_answers(tmp_path):
     csrc = Path(cpu_kernels.__file__).parent / "csrc"
     portable = load(
         name="kvpilot_weight_only_without_vnni",
-        sources=[str(csrc / "weight_only.cpp"), str(csrc / "int4_int8.cpp")],
+        sources=[str(csrc / "weight_only.cpp"), str(csrc / "int8_activations.cpp")],
         extra_include_paths=[str(csrc)],
         extra_cflags=["-O3", "-march=native", "-mno-avxvnni", "-mno-avx512vnni", "-fopenmp"],
         extra_ldflags=["-fopenmp"],
         build_directory=str(tmp_path),
     )
     torch.manual_seed(0)
-    quantized = Int4Linear(nn.Linear(1536, 576), DenseBuffer(torch.empty(0)), 32)
-    args = quantized.weight, quantized.scale, quantized.minimum, 32, quantized.bias
+    linear = nn.Linear(1536, 576)
+    int4 = Int4Linear(linear, DenseBuffer(torch.empty(0)), 32)
+    int4_args = int4.weight, int4.scale, int4.minimum, 32, int4.bias
+    int8_args = *quantize_int8(linear.weight), linear.bias
+    native = int4.kernel
     for rows in (1, 5, KERNEL_MAX_ROWS):
         x = torch.randn(rows, 1536) * 3
-        native = quantized.kernel.int4_int8_linear(x, *args)
-        assert torch.equal(portable.int4_int8_linear(x, *args), native)
+        x[0, :32] = 100.0  # the largest products the int8 path meets: 127 * 127 per pair
+        for name, args in (("int4_int8_linear", int4_args), ("int8_int8_linear", int8_args)):
+            expected = getattr(native, name)(x, *args)
+            assert torch.equal(getattr(portable, name)(x, *args), expected), name

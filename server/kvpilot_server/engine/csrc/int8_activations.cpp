@@ -1,12 +1,13 @@
-// int4 weights against int8 activations, for decode-sized batches: llama.cpp's Q4_1 x Q8_1 dot
-// product. Widening each int4 weight to float costs more instructions than reading it (the
-// float path is compute-bound well above its bandwidth bound); with the activations quantized
-// too, 32 weights meet 32 activations in one integer multiply-add instruction.
+// int4 and int8 weights against int8 activations, for decode-sized batches: llama.cpp's Q4_1 x
+// Q8_1 and Q8_0 x Q8_0 dot products. Widening each weight to float costs more instructions than
+// reading it (the float path is compute-bound well above its bandwidth bound); with the
+// activations quantized too, 32 weights meet 32 activations in one integer multiply-add.
 //
 // Activations are quantized per block of 32 inputs (x ~= d * xq, xq in [-127, 127]): a block
 // has its own scale, so one outlier costs precision only in its own 32 inputs, not the whole
-// row (the reason per-tensor int8 activations fail on these models). The group minimum's share
-// uses the exact float sum of the activations: sum x_i (q_i s + m) = s sum x_i q_i + m sum x_i.
+// row (the reason per-tensor int8 activations fail on these models). The int4 group minimum's
+// share uses the exact float sum of the activations:
+// sum x_i (q_i s + m) = s sum x_i q_i + m sum x_i.
 #include "product.h"
 
 #include <cmath>
@@ -112,31 +113,72 @@ struct Int4Int8Dot {
   }
 };
 
-// Each block of 32: d = max |x| / 127, xq = round(x / d) (ties to even, as torch.round), stored
-// in span_slot order, with d written four times per block as the kernel multiplies it.
-// Also each block's float sum, for the minimum's share. A decode step's few rows are quantized
-// on one thread: waking the others costs more than the work.
+// One block of 32: d = max |x| / 127 and q = round(x / d), ties to even as torch.round; returns
+// d, and the block's float sum in *sum.
+inline float quantize_block(const float* src, int8_t* q, float* sum) {
+  float amax = 0.0f, total = 0.0f;
+  for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(src[i])), total += src[i];
+  const float d = amax / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
+  for (int64_t i = 0; i < kBlock; ++i) q[i] = static_cast<int8_t>(std::nearbyint(src[i] * inverse));
+  *sum = total;
+  return d;
+}
+
+// Every block of x, stored in span_slot order, with d written four times per block as the int4
+// kernel multiplies it, and each block's float sum (the minimum's share). A decode step's few
+// rows are quantized on one thread: waking the others costs more than the work.
 void quantize_spans(const float* x, int64_t spans, int8_t* xq, float* xscale, float* xsum) {
 #pragma omp parallel for schedule(static) if (spans > 256)
   for (int64_t p = 0; p < spans; ++p) {
     for (int64_t block = 0; block < 2; ++block) {
-      const float* src = x + p * kSpan + block * kBlock;
-      float amax = 0.0f, sum = 0.0f;
-      for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(src[i])), sum += src[i];
-      xsum[p * 2 + block] = sum;
-      const float d = amax / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
-      for (int64_t i = 0; i < kBlock; ++i)
-        xq[p * kSpan + span_slot(block * kBlock + i)] =
-            static_cast<int8_t>(std::nearbyint(src[i] * inverse));
+      int8_t q[kBlock];
+      const float d = quantize_block(x + p * kSpan + block * kBlock, q, &xsum[p * 2 + block]);
+      for (int64_t i = 0; i < kBlock; ++i) xq[p * kSpan + span_slot(block * kBlock + i)] = q[i];
       for (int64_t k = 0; k < 4; ++k) xscale[p * 8 + block * 4 + k] = d;
     }
   }
 }
 
+// int8 weights, symmetric per output row, against int8 activations in input order. The byte
+// product takes one unsigned operand: |w| against x carrying w's sign (llama.cpp's way), so
+// every product stays within 127 * 127 and the AVX2 path's int16 pairs never saturate.
+struct Int8Int8Dot {
+  const int8_t* q;      // [out, in], in [-127, 127]
+  const float* scale;   // [out]
+  const int8_t* xq;     // [rows, in]
+  const float* xscale;  // [rows, in / 32]
+  int64_t in, out;
+
+  template <int R>
+  void rows(int64_t o, int64_t r0, float* sums) const {
+    const int64_t blocks = in / kBlock;
+    const int8_t* qrow = q + o * in;
+    if (r0 == 0 && o + kAhead < out) prefetch(qrow + kAhead * in, in);
+    __m256 acc[2][R];
+    for (auto& set : acc)
+      for (int r = 0; r < R; ++r) set[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow + b * kBlock));
+      const __m256i magnitude = _mm256_sign_epi8(w, w);
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = r0 + r;
+        const __m256i x =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + row * in + b * kBlock));
+        const __m256i products = dot_u8s8(_mm256_setzero_si256(), magnitude,
+                                          _mm256_sign_epi8(x, w));
+        acc[b % 2][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products),
+                                        _mm256_set1_ps(xscale[row * blocks + b]), acc[b % 2][r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) sums[r] = scale[o] * hsum(_mm256_add_ps(acc[0][r], acc[1][r]));
+  }
+};
+
 }  // namespace
 
-// int4_int8_linear takes in features in multiples of this.
+// int4_int8_linear takes in features in multiples of the span, int8_int8_linear of the block.
 int64_t int8_activation_span() { return kSpan; }
+int64_t int8_activation_block() { return kBlock; }
 
 // The activations as int4_int8_linear quantizes them, in input order: xq [rows, in] and one
 // scale per block of 32, [rows, in / 32] (for tests and references).
@@ -183,5 +225,25 @@ torch::Tensor int4_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tenso
   const Int4Int8Dot dot{q.data_ptr<uint8_t>(), scale.data_ptr<float>(),
                         minimum.data_ptr<float>(), xq.data_ptr<int8_t>(),
                         xscale.data_ptr<float>(), xsum.data_ptr<float>(), in, group, out};
+  return product(dot, rows, out, x, bias);
+}
+
+torch::Tensor int8_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tensor scale,
+                               c10::optional<torch::Tensor> bias) {
+  auto x = rows_of(x_in);
+  const int64_t rows = x.size(0), in = x.size(1), out = q.size(0), blocks = in / kBlock;
+  TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.is_contiguous() && q.size(1) == in,
+              "q: contiguous int8 [out, in]");
+  TORCH_CHECK(in % kBlock == 0, "in features: a multiple of 32");
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.numel() == out, "scale: [out]");
+  auto xq = torch::empty({rows, in}, x.options().dtype(torch::kInt8));
+  auto xscale = torch::empty({rows, blocks}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = xq.data_ptr<int8_t>();
+  float* dp = xscale.data_ptr<float>();
+  float unused;
+  for (int64_t b = 0; b < rows * blocks; ++b)
+    dp[b] = quantize_block(xp + b * kBlock, qp + b * kBlock, &unused);
+  const Int8Int8Dot dot{q.data_ptr<int8_t>(), scale.data_ptr<float>(), qp, dp, in, out};
   return product(dot, rows, out, x, bias);
 }
