@@ -14,7 +14,6 @@ from kvpilot_server import precision
 
 PROMPT_TOKENS = 64  # agreement and speed prompts
 SPEED_BATCH = 32
-QUALITY_CHUNK = 64  # tokens per prefill step in the quality passes
 
 
 @dataclass
@@ -86,8 +85,12 @@ def run_job(job: Job) -> dict:
         result["rss_mib"] = _resident_mib()
     # Quality passes prefill in small chunks, so every chunk after a window's first attends to
     # its context through the KV cache, as decoding does; one fresh chunk per window would
-    # attend to its own unquantized keys and hide what a cache precision costs.
-    llm.engine.scheduler.max_num_batched_tokens = QUALITY_CHUNK
+    # attend to its own unquantized keys and hide what a cache precision costs. Few enough
+    # rows that every linear layer runs the kernel a decode step runs (int4's multiplies int8
+    # activations; the expansion path for larger batches does not).
+    from kvpilot_server.engine.quant import KERNEL_MAX_ROWS
+
+    llm.engine.scheduler.max_num_batched_tokens = KERNEL_MAX_ROWS
     result["perplexity"] = round(_perplexity(llm, ids[: job.tokens], job.window), 4)
     prompts = [ids[job.tokens + i * PROMPT_TOKENS :][:PROMPT_TOKENS] for i in range(job.prompts)]
     continuations = job.continuations or _greedy(llm, prompts, job.new_tokens)
