@@ -90,7 +90,7 @@ class Quantization:
     name: str
     crd: str
     bytes_per_weight: float | None  # None: unquantized, the model dtype's size
-    bytes_per_group: int = 0  # int4's float32 scale and float32 minimum per group of weights
+    bytes_per_group: int = 0  # int4's float16 scale and float16 minimum per group of weights
     fp8: bool = False  # needs a GPU of FP8_MIN_COMPUTE_CAPABILITY
 
     @property
@@ -102,7 +102,7 @@ class Quantization:
 QUANTIZATIONS = _table(
     Quantization("none", "None", None),
     Quantization("int8", "Int8", 1.0),  # symmetric, a float32 scale per output channel
-    Quantization("int4", "Int4", 0.5, bytes_per_group=2 * 4),  # two weights a byte
+    Quantization("int4", "Int4", 0.5, bytes_per_group=2 * 2),  # two weights a byte
     Quantization("fp8", "FP8", 1.0, fp8=True),  # e4m3, a float32 scale per output channel
 )
 DEFAULT_QUANTIZATION = "none"

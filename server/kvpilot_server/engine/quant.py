@@ -32,6 +32,7 @@ SUPPORTED = tuple(precision.QUANTIZATIONS)
 GROUP_SIZES = precision.INT4_GROUP_SIZES
 KERNEL_MAX_ROWS = 16  # measured on SmolLM2's matrices: the kernels win up to here
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FLOAT16_TINY = torch.finfo(torch.float16).tiny  # an int4 group's smallest scale
 
 
 class DenseBuffer:
@@ -59,14 +60,17 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_int4(
     weight: torch.Tensor, group: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(packed uint8 [out, in/2], scale and minimum [out, in/group]) with
+    """(packed uint8 [out, in/2], float16 scale and minimum [out, in/group]) with
     weight ~= q * scale + minimum per group, q in [0, 15]. Within each 16-weight chunk byte k
     holds weight k (low nibble) and weight k + 8 (high nibble): the layout the kernel unpacks."""
     out_features, in_features = weight.shape
     groups = weight.detach().float().view(out_features, in_features // group, group)
-    low, high = groups.amin(dim=2), groups.amax(dim=2)
-    scale = ((high - low) / 15).clamp(min=1e-12)
-    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    # float16 scale and minimum (GGUF's Q4_1 stores them so): q is chosen against the rounded
+    # values, the ones the kernels will read.
+    low = groups.amin(dim=2).half()
+    scale = ((groups.amax(dim=2) - low.float()) / 15).clamp(min=FLOAT16_TINY).half()
+    steps = (groups - low.float()[..., None]) / scale.float()[..., None]
+    q = torch.round(steps).clamp(0, 15).to(torch.uint8)
     chunks = q.view(out_features, in_features // 16, 2, 8)
     packed = chunks[:, :, 0] | (chunks[:, :, 1] << 4)
     return packed.reshape(out_features, in_features // 2).contiguous(), scale, low
@@ -79,7 +83,9 @@ def dequantize_int4(
     out_features = packed.shape[0]
     chunks = packed.view(out_features, -1, 1, 8)
     q = torch.cat((chunks & 0x0F, chunks >> 4), dim=2).view(out_features, -1, group)
-    return (q.float() * scale[..., None] + minimum[..., None]).view(out_features, -1)
+    return (q.float() * scale.float()[..., None] + minimum.float()[..., None]).view(
+        out_features, -1
+    )
 
 
 def int8_activations(x: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,7 @@ def _int4_reference(x, quantized, group, bias, int8_x):
     )
     xs = int8_activations(x) if int8_x else x
     sums = x.view(x.shape[0], -1, group).sum(2)
-    out = xs @ scaled.t() + sums @ quantized.minimum.t()
+    out = xs @ scaled.t() + sums @ quantized.minimum.float().t()
     return out if bias is None else out + bias
 
 

@@ -11,9 +11,12 @@
 #include "product.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace {
 
+using kvpilot::half;
+using kvpilot::half_bits;
 using kvpilot::hsum;
 using kvpilot::kAhead;
 using kvpilot::prefetch;
@@ -47,29 +50,34 @@ inline int64_t span_slot(int64_t i) {
   return half * 32 + block * 16 + (eighth / 2) * 8 + j % 8;
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
+// sum a_i b_i, a in float16.
+inline float dot(const uint16_t* a, const float* b, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 wide = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    acc = _mm256_fmadd_ps(wide, _mm256_loadu_ps(b + i), acc);
+  }
   float sum = hsum(acc);
-  for (; i < n; ++i) sum += a[i] * b[i];
+  for (; i < n; ++i) sum += half(a, i) * b[i];
   return sum;
 }
 
 struct Int4Int8Dot {
   const uint8_t* q;      // packed weights [out, in / 2]
-  const float* scale;    // [out, in / group]
-  const float* minimum;  // [out, in / group]
+  const uint16_t* scale;    // float16 [out, in / group]
+  const uint16_t* minimum;  // float16 [out, in / group]
   const int8_t* xq;      // quantized activations [rows, in], each span in span_slot order
   const float* xscale;   // [rows, in / kSpan, 8]: each span's two block scales, four times each
   const float* xsum;     // [rows, in / group]
   int64_t in, group, out;
 
   // The weight scales of span p's two blocks, four lanes each.
-  __m256 span_scales(const float* srow, int64_t p) const {
-    if (group != kBlock) return _mm256_set1_ps(srow[p * kSpan / group]);
-    const __m128 pair = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(srow + 2 * p)));
+  __m256 span_scales(const uint16_t* srow, int64_t p) const {
+    if (group != kBlock) return _mm256_set1_ps(half(srow, p * kSpan / group));
+    int32_t bits;  // the two float16 scales of the span's two groups
+    std::memcpy(&bits, srow + 2 * p, sizeof(bits));
+    const __m128 pair = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(pair),
                                     _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
   }
@@ -95,15 +103,15 @@ struct Int4Int8Dot {
   void rows(int64_t o, int64_t r0, float* sums) const {
     const int64_t spans = in / kSpan, groups = in / group;
     const uint8_t* qrow = q + o * in / 2;
-    const float* srow = scale + o * groups;
+    const uint16_t* srow = scale + o * groups;
     // Two sets of accumulators taken in turn: with one, each span waits on the last one's add.
     __m256 acc[2][R];
     for (auto& set : acc)
       for (int r = 0; r < R; ++r) set[r] = _mm256_setzero_ps();
     if (r0 == 0 && o + kAhead < out) {
       prefetch(qrow + kAhead * in / 2, in / 2);
-      prefetch(srow + kAhead * groups, groups * 4);
-      prefetch(minimum + (o + kAhead) * groups, groups * 4);
+      prefetch(srow + kAhead * groups, groups * 2);
+      prefetch(minimum + (o + kAhead) * groups, groups * 2);
     }
     for (int64_t p = 0; p < spans; ++p) span<R>(r0, p, qrow, span_scales(srow, p), acc[p % 2]);
     for (int r = 0; r < R; ++r) {
@@ -207,8 +215,8 @@ torch::Tensor int4_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tenso
   TORCH_CHECK(in % kSpan == 0, "in features: a multiple of 64");
   TORCH_CHECK(group == kBlock || (group % kSpan == 0 && in % group == 0),
               "group: 32, or a multiple of 64 dividing in");
-  TORCH_CHECK(scale.is_contiguous() && scale.numel() == out * (in / group), "scale");
-  TORCH_CHECK(minimum.is_contiguous() && minimum.numel() == out * (in / group), "minimum");
+  TORCH_CHECK(scale.numel() == out * (in / group), "scale: one per group");
+  TORCH_CHECK(minimum.numel() == out * (in / group), "minimum: one per group");
   auto xq = torch::empty({rows, in}, x.options().dtype(torch::kInt8));
   auto xscale = torch::empty({rows, in / kSpan, 8}, x.options());
   auto xsum = torch::empty({rows, in / kBlock}, x.options());
@@ -222,9 +230,9 @@ torch::Tensor int4_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tenso
     for (int64_t k = 0; k < per_group; ++k) total += sums[g * per_group + k];
     sums[g] = total;
   }
-  const Int4Int8Dot dot{q.data_ptr<uint8_t>(), scale.data_ptr<float>(),
-                        minimum.data_ptr<float>(), xq.data_ptr<int8_t>(),
-                        xscale.data_ptr<float>(), xsum.data_ptr<float>(), in, group, out};
+  const Int4Int8Dot dot{q.data_ptr<uint8_t>(), half_bits(scale), half_bits(minimum),
+                        xq.data_ptr<int8_t>(), xscale.data_ptr<float>(), xsum.data_ptr<float>(),
+                        in, group, out};
   return product(dot, rows, out, x, bias);
 }
 

@@ -26,6 +26,14 @@ inline void prefetch(const void* start, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
 }
 
+// int4 scales and minimums are stored as float16 (as GGUF's Q4_1 stores them): raw bits here.
+inline float half(const uint16_t* p, int64_t i) { return _cvtsh_ss(p[i]); }
+
+inline const uint16_t* half_bits(const torch::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == torch::kHalf && t.is_contiguous(), "a contiguous float16 tensor");
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>());
+}
+
 constexpr int kBlock = 8;  // input rows per pass: 8 accumulators + 2 weight registers of 16
 
 // y = x W^T + bias for every output row, split across threads; `dot.template rows<R>(o, r0,

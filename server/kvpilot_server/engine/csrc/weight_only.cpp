@@ -16,6 +16,8 @@
 
 namespace {
 
+using kvpilot::half;
+using kvpilot::half_bits;
 using kvpilot::hsum;
 using kvpilot::kAhead;
 using kvpilot::prefetch;
@@ -44,8 +46,8 @@ struct Int8Weights {
 // one mask and one shift unpack a chunk. Groups are multiples of 16, so a chunk has one scale.
 struct Int4Weights {
   const uint8_t* q;
-  const float* scale;
-  const float* minimum;
+  const uint16_t* scale;  // float16
+  const uint16_t* minimum;
   int64_t in, group;
 
   void load(int64_t o, int64_t i, __m256& lo, __m256& hi) const {
@@ -54,7 +56,7 @@ struct Int4Weights {
     __m128i low = _mm_and_si128(packed, mask);
     __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
     const int64_t g = o * (in / group) + i / group;
-    const __m256 s = _mm256_set1_ps(scale[g]), m = _mm256_set1_ps(minimum[g]);
+    const __m256 s = _mm256_set1_ps(half(scale, g)), m = _mm256_set1_ps(half(minimum, g));
     lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(low)), s, m);
     hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(high)), s, m);
   }
@@ -62,8 +64,8 @@ struct Int4Weights {
   float row_scale(int64_t) const { return 1.0f; }
   void fetch(int64_t o) const {
     prefetch(q + o * in / 2, in / 2);
-    prefetch(scale + o * (in / group), in / group * 4);
-    prefetch(minimum + o * (in / group), in / group * 4);
+    prefetch(scale + o * (in / group), in / group * 2);
+    prefetch(minimum + o * (in / group), in / group * 2);
   }
 };
 
@@ -134,8 +136,8 @@ void dot_rows_int4(const Int4Weights& w, int64_t o, const float* x, const float*
                    float* sums) {
   const int64_t in = w.in, groups = in / w.group;
   const uint8_t* qrow = w.q + o * in / 2;
-  const float* srow = w.scale + o * groups;
-  const float* mrow = w.minimum + o * groups;
+  const uint16_t* srow = w.scale + o * groups;
+  const uint16_t* mrow = w.minimum + o * groups;
   const __m128i mask = _mm_set1_epi8(0x0F);
   __m256 acc[R];
   float offset[R];
@@ -154,10 +156,10 @@ void dot_rows_int4(const Int4Weights& w, int64_t o, const float* x, const float*
         part[r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + r * in + i + 8), part[r]);
       }
     }
-    const __m256 scale = _mm256_set1_ps(srow[g]);
+    const __m256 scale = _mm256_set1_ps(half(srow, g));
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm256_fmadd_ps(part[r], scale, acc[r]);
-      offset[r] += mrow[g] * xsum[r * groups + g];
+      offset[r] += half(mrow, g) * xsum[r * groups + g];
     }
   }
   for (int r = 0; r < R; ++r) sums[r] = hsum(acc[r]) + offset[r];
@@ -218,9 +220,9 @@ Int4Weights int4_weights(const torch::Tensor& q, const torch::Tensor& scale,
   const int64_t in = q.size(1) * 2;
   TORCH_CHECK(group % 16 == 0 && in % group == 0, "group: a multiple of 16 dividing in");
   const int64_t groups = q.size(0) * (in / group);
-  TORCH_CHECK(scale.is_contiguous() && scale.numel() == groups, "scale: one per group");
-  TORCH_CHECK(minimum.is_contiguous() && minimum.numel() == groups, "minimum: one per group");
-  return {q.data_ptr<uint8_t>(), scale.data_ptr<float>(), minimum.data_ptr<float>(), in, group};
+  TORCH_CHECK(scale.numel() == groups, "scale: one per group");
+  TORCH_CHECK(minimum.numel() == groups, "minimum: one per group");
+  return {q.data_ptr<uint8_t>(), half_bits(scale), half_bits(minimum), in, group};
 }
 
 }  // namespace
