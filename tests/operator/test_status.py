@@ -184,7 +184,7 @@ def test_70b_in_int4_fits_four_l4s_split_four_ways_and_not_one():
     assert capacity["sequencesAtMaxModelLen"] >= 4 and capacity["kvCacheTokens"] > 4 * 8192
     one = check(_seventy_b(1)["spec"])
     assert one.fits is False and one.reason == "InsufficientGPUMemory"
-    assert one.capacity["weightsMiB"] > 2 * 23034
+    assert one.capacity["weightsMiB"] > 23034  # the weights alone exceed the whole GPU
 
 
 def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_with_the_reason():
