@@ -15,6 +15,7 @@ from torch import nn
 
 from kvpilot_server.engine import cpu_kernels
 from kvpilot_server.engine.attention import AttentionMetadata, Workspace, paged_attention
+from kvpilot_server.engine.direct import Direct
 from kvpilot_server.engine.kv_cache import LayerCache
 from kvpilot_server.engine.linear import linear
 from kvpilot_server.engine.model_config import ModelConfig
@@ -31,7 +32,7 @@ def _layer_ops(x: torch.Tensor) -> ModuleType | None:
     return _compiled_layer_ops() if x.is_cpu and x.dtype == torch.float32 else None
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Direct):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -66,12 +67,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-class Linear(nn.Linear):
+class Linear(Direct, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
 
 
-class Attention(nn.Module):
+class Attention(Direct):
     def __init__(self, cfg: ModelConfig, window: int | None, tp: TensorParallel) -> None:
         super().__init__()
         self.tp = tp
@@ -98,7 +99,7 @@ class Attention(nn.Module):
         return self.tp.all_reduce(self.o_proj(out.flatten(1)))
 
 
-class MLP(nn.Module):
+class MLP(Direct):
     def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
         self.tp = tp
@@ -116,7 +117,7 @@ class MLP(nn.Module):
         return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(Direct):
     def __init__(self, cfg: ModelConfig, window: int | None, tp: TensorParallel) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

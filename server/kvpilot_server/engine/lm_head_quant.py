@@ -24,6 +24,7 @@ from torch import nn
 
 from kvpilot_server import precision
 from kvpilot_server.engine import cpu_kernels
+from kvpilot_server.engine.direct import Direct
 from kvpilot_server.engine.quant import KERNEL_MAX_ROWS, DenseBuffer, quantize_int8
 from kvpilot_server.errors import ConfigError
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 CHUNK_ROWS = 8192
 
 
-class Int8LmHead(nn.Module):
+class Int8LmHead(Direct):
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape

@@ -24,6 +24,7 @@ from torch import nn
 
 from kvpilot_server import precision
 from kvpilot_server.engine import cpu_kernels
+from kvpilot_server.engine.direct import Direct
 from kvpilot_server.engine.linear import linear
 from kvpilot_server.errors import ConfigError
 
@@ -97,7 +98,7 @@ def int8_activations(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks * inverse) * d).view(x.shape)
 
 
-class WeightOnlyLinear(nn.Module):
+class WeightOnlyLinear(Direct):
     """Shared forward of int8 and int4: the CPU kernel for few rows (float32 on CPU), else expand
     the weight into the model's buffer and run an ordinary matmul. The second path is all
     there is on CUDA in this version: it saves the memory, not the time."""
