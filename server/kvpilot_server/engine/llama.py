@@ -88,13 +88,14 @@ class Attention(Direct):
     def forward(
         self, x, cos, sin, kv_cache: LayerCache, metas: dict[int | None, AttentionMetadata], ws
     ):
+        # split_with_sizes: Tensor.split's Python wrapper costs several times the split.
         qkv = self.qkv_proj(x).view(-1, self.heads + 2 * self.kv_heads, self.head_dim)
-        qk, v = qkv.split((self.heads + self.kv_heads, self.kv_heads), dim=1)
+        qk, v = qkv.split_with_sizes((self.heads + self.kv_heads, self.kv_heads), dim=1)
         if self.q_norm is not None:
-            q, k = qk.split((self.heads, self.kv_heads), dim=1)
+            q, k = qk.split_with_sizes((self.heads, self.kv_heads), dim=1)
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
         # One rotation for queries and keys together: half the ops of rotating each.
-        q, k = rotate(qk, cos, sin).split((self.heads, self.kv_heads), dim=1)
+        q, k = rotate(qk, cos, sin).split_with_sizes((self.heads, self.kv_heads), dim=1)
         out = paged_attention(q, k, v, kv_cache, metas[self.window], ws)
         return self.tp.all_reduce(self.o_proj(out.flatten(1)))
 
