@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -182,6 +183,21 @@ struct Int8Int8Dot {
   }
 };
 
+// The quantized activations of one call, kept per thread between calls: three tensors a call
+// cost more than quantizing a decode step's row.
+struct Scratch {
+  std::vector<int8_t> xq;
+  std::vector<float> xscale, xsum;
+
+  static Scratch& sized(int64_t elements) {
+    thread_local Scratch scratch;
+    scratch.xq.resize(elements);
+    scratch.xscale.resize(elements / kSpan * 8);  // the int4 layout's, the larger
+    scratch.xsum.resize(elements / kBlock);
+    return scratch;
+  }
+};
+
 }  // namespace
 
 // int4_int8_linear takes in features in multiples of the span, int8_int8_linear of the block.
@@ -217,12 +233,10 @@ torch::Tensor int4_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tenso
               "group: 32, or a multiple of 64 dividing in");
   TORCH_CHECK(scale.numel() == out * (in / group), "scale: one per group");
   TORCH_CHECK(minimum.numel() == out * (in / group), "minimum: one per group");
-  auto xq = torch::empty({rows, in}, x.options().dtype(torch::kInt8));
-  auto xscale = torch::empty({rows, in / kSpan, 8}, x.options());
-  auto xsum = torch::empty({rows, in / kBlock}, x.options());
-  float* sums = xsum.data_ptr<float>();
-  quantize_spans(x.data_ptr<float>(), rows * in / kSpan, xq.data_ptr<int8_t>(),
-                 xscale.data_ptr<float>(), sums);
+  Scratch& scratch = Scratch::sized(rows * in);
+  float* sums = scratch.xsum.data();
+  quantize_spans(x.data_ptr<float>(), rows * in / kSpan, scratch.xq.data(),
+                 scratch.xscale.data(), sums);
   // Block sums to group sums, in place: group g's sum lands in slot g.
   const int64_t per_group = group / kBlock, groups = rows * in / group;
   for (int64_t g = 0; g < groups; ++g) {
@@ -231,8 +245,7 @@ torch::Tensor int4_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tenso
     sums[g] = total;
   }
   const Int4Int8Dot dot{q.data_ptr<uint8_t>(), half_bits(scale), half_bits(minimum),
-                        xq.data_ptr<int8_t>(), xscale.data_ptr<float>(), xsum.data_ptr<float>(),
-                        in, group, out};
+                        scratch.xq.data(), scratch.xscale.data(), sums, in, group, out};
   return product(dot, rows, out, x, bias);
 }
 
@@ -244,11 +257,10 @@ torch::Tensor int8_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tenso
               "q: contiguous int8 [out, in]");
   TORCH_CHECK(in % kBlock == 0, "in features: a multiple of 32");
   TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.numel() == out, "scale: [out]");
-  auto xq = torch::empty({rows, in}, x.options().dtype(torch::kInt8));
-  auto xscale = torch::empty({rows, blocks}, x.options());
+  Scratch& scratch = Scratch::sized(rows * in);
   const float* xp = x.data_ptr<float>();
-  int8_t* qp = xq.data_ptr<int8_t>();
-  float* dp = xscale.data_ptr<float>();
+  int8_t* qp = scratch.xq.data();
+  float* dp = scratch.xscale.data();
   float unused;
   for (int64_t b = 0; b < rows * blocks; ++b)
     dp[b] = quantize_block(xp + b * kBlock, qp + b * kBlock, &unused);
