@@ -1,12 +1,11 @@
 // Decode attention straight from the paged KV cache, for CPUs.
 //
-// One query token per sequence; each sequence is one OpenMP task. It reads its keys and values
-// once, block by block through the block table, whole token rows at a time (all kv heads are
-// contiguous), and serves every query head from the kv head it shares (grouped-query
-// attention), so nothing is gathered, padded or repeated.
+// One query token per sequence; each sequence and kv head is one OpenMP task. It reads that kv
+// head's keys and values once, block by block through the block table, and serves every query
+// head that shares it (grouped-query attention), so nothing is gathered, padded or repeated.
 //
-// The cache holds float32, or int8 with a float32 scale per token per kv head. An int8 token
-// row is dequantized on the fly into a small buffer, once, and every query head of a group
+// The cache holds float32, or int8 with a float32 scale per token per kv head. An int8 head
+// row is dequantized on the fly into a small buffer, once, and every query head of its group
 // reads it there: widening int8 inside each head's dot product would redo it per query head.
 #include <torch/extension.h>
 
@@ -15,62 +14,62 @@
 #include <type_traits>
 #include <vector>
 
-// One token's keys or values for all kv heads, as float: the cache row itself, or the int8
-// row times its per-head scales, written into `buf`.
+// One token's keys or values for one kv head, as float: the cache row itself, or the int8 row
+// times its scale, written into `buf`.
 template <int64_t HD, typename T>
-inline const float* token_row(const T* cache, const float* scales, int64_t slot, int64_t kvh,
-                              int64_t hd, float* buf) {
+inline const float* head_row(const T* cache, const float* scales, int64_t slot, int64_t head,
+                             int64_t kvh, int64_t hd, float* buf) {
+  const int64_t n = HD > 0 ? HD : hd;
   if constexpr (std::is_same_v<T, float>) {
-    return cache + slot * kvh * hd;
+    return cache + (slot * kvh + head) * n;
   } else {
-    const int64_t n = HD > 0 ? HD : hd;
-    const int8_t* src = cache + slot * kvh * n;
-    for (int64_t h = 0; h < kvh; ++h) {
-      const float s = scales[slot * kvh + h];
+    const int8_t* src = cache + (slot * kvh + head) * n;
+    const float s = scales[slot * kvh + head];
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) buf[h * n + i] = s * static_cast<float>(src[h * n + i]);
-    }
+    for (int64_t i = 0; i < n; ++i) buf[i] = s * static_cast<float>(src[i]);
     return buf;
   }
 }
 
 // HD is the head dimension when known at compile time (the inner loops then unroll and
 // vectorize fully), or 0 to read it at run time. ksp/vsp are the scales, null for float32.
+// One OpenMP task per sequence and kv head: a single sequence (batch 1) still uses every core,
+// and a task reads its kv head's keys and values once for all the query heads that share it.
 template <int64_t HD, typename T>
 void decode_rows(const float* qp, const T* kp, const T* vp, const float* ksp, const float* vsp,
                  const int64_t* bt, const int64_t* lens, float* op, int64_t D, int64_t H,
                  int64_t hd_runtime, int64_t bs, int64_t kvh, int64_t max_blocks, float scale,
                  int64_t window) {
   const int64_t hd = HD > 0 ? HD : hd_runtime;
-  const int64_t group = H / kvh;
+  const int64_t group = H / kvh;  // query heads per kv head, consecutive
 #pragma omp parallel for schedule(dynamic)
-  for (int64_t d = 0; d < D; ++d) {
+  for (int64_t task = 0; task < D * kvh; ++task) {
+    const int64_t d = task / kvh, kv = task % kvh;
     const int64_t len = lens[d];
     const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
     const int64_t* table = bt + d * max_blocks;
-    const float* qd = qp + d * H * hd;
-    std::vector<float> scores(H * len);
-    std::vector<float> acc(H * hd, 0.0f);
-    std::vector<float> buf(std::is_same_v<T, float> ? 0 : kvh * hd);
+    const float* qd = qp + (d * H + kv * group) * hd;  // this kv head's query heads
+    std::vector<float> scores(group * len);
+    std::vector<float> acc(group * hd, 0.0f);
+    std::vector<float> buf(std::is_same_v<T, float> ? 0 : hd);
     // Pass 1: scaled q.k for every visible position and query head, block by block.
     for (int64_t pos = first; pos < len;) {
       const int64_t offset = pos % bs, count = std::min(bs - offset, len - pos);
       const int64_t slot = table[pos / bs] * bs + offset;
       for (int64_t t = 0; t < count; ++t) {
-        const float* k = token_row<HD>(kp, ksp, slot + t, kvh, hd, buf.data());
-        for (int64_t head = 0; head < H; ++head) {
+        const float* k = head_row<HD>(kp, ksp, slot + t, kv, kvh, hd, buf.data());
+        for (int64_t head = 0; head < group; ++head) {
           const float* qh = qd + head * hd;
-          const float* kh = k + (head / group) * hd;
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < hd; ++i) dot += qh[i] * kh[i];
+          for (int64_t i = 0; i < hd; ++i) dot += qh[i] * k[i];
           scores[head * len + pos + t] = dot * scale;
         }
       }
       pos += count;
     }
     // Softmax over the visible positions of each query head.
-    for (int64_t head = 0; head < H; ++head) {
+    for (int64_t head = 0; head < group; ++head) {
       float* s = scores.data() + head * len;
       const float top = *std::max_element(s + first, s + len);
       float sum = 0.0f;
@@ -86,18 +85,17 @@ void decode_rows(const float* qp, const T* kp, const T* vp, const float* ksp, co
       const int64_t offset = pos % bs, count = std::min(bs - offset, len - pos);
       const int64_t slot = table[pos / bs] * bs + offset;
       for (int64_t t = 0; t < count; ++t) {
-        const float* v = token_row<HD>(vp, vsp, slot + t, kvh, hd, buf.data());
-        for (int64_t head = 0; head < H; ++head) {
+        const float* v = head_row<HD>(vp, vsp, slot + t, kv, kvh, hd, buf.data());
+        for (int64_t head = 0; head < group; ++head) {
           const float p = scores[head * len + pos + t];
-          const float* vh = v + (head / group) * hd;
           float* a = acc.data() + head * hd;
 #pragma omp simd
-          for (int64_t i = 0; i < hd; ++i) a[i] += p * vh[i];
+          for (int64_t i = 0; i < hd; ++i) a[i] += p * v[i];
         }
       }
       pos += count;
     }
-    std::copy(acc.begin(), acc.end(), op + d * H * hd);
+    std::copy(acc.begin(), acc.end(), op + (d * H + kv * group) * hd);
   }
 }
 
