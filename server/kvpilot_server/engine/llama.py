@@ -21,6 +21,10 @@ from kvpilot_server.engine.linear import linear
 from kvpilot_server.engine.model_config import ModelConfig
 from kvpilot_server.engine.parallel import SINGLE, TensorParallel
 
+# Rows up to which the compiled silu(gate) * up wins: its exp is scalar, PyTorch's vectorized
+# (measured on SmolLM2's 2 x 1536: 1 row 1.5 vs 7 us, 16 rows 55 vs 18 us).
+SILU_KERNEL_MAX_ROWS = 4
+
 
 @functools.cache
 def _compiled_layer_ops() -> ModuleType | None:
@@ -112,7 +116,8 @@ class MLP(Direct):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         ops = _layer_ops(gate_up)
-        if ops is not None and gate_up.dim() == 2 and gate_up.stride(1) == 1:
+        small = gate_up.shape[0] <= SILU_KERNEL_MAX_ROWS
+        if ops is not None and small and gate_up.dim() == 2 and gate_up.stride(1) == 1:
             return self.tp.all_reduce(self.down_proj(ops.silu_mul(gate_up)))
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))

@@ -27,8 +27,9 @@ using kvpilot::rows_of;
 constexpr int64_t kBlock = 32;  // inputs per activation scale, as llama.cpp's Q8 blocks
 constexpr int64_t kSpan = 64;   // inputs per step: two blocks, 32 packed bytes of weights
 
-// acc + the sums of four unsigned-by-signed byte products per int32 lane. Exact either way
-// (15 * 127 * 2 fits the int16 of the AVX2 path), so every CPU gives the same integers.
+// acc + the sums of four unsigned-by-signed byte products per int32 lane. Exact either way (the
+// AVX2 path's int16 pairs hold 15 * 127 * 2 for int4 and 127 * 127 * 2 for int8), so every CPU
+// gives the same integers.
 inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
   return _mm256_dpbusd_epi32(acc, u, s);
@@ -47,8 +48,8 @@ inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 // lanes 0-3 belong to the first block and 4-7 to the second: the two products add as integers.
 inline int64_t span_slot(int64_t i) {
   const int64_t block = i / kBlock, j = i % kBlock, eighth = j / 8;
-  const int64_t half = eighth % 2;  // eighths 0 and 2 are low nibbles, 1 and 3 high
-  return half * 32 + block * 16 + (eighth / 2) * 8 + j % 8;
+  const int64_t nibble = eighth % 2;  // eighths 0 and 2 are low nibbles, 1 and 3 high
+  return nibble * 32 + block * 16 + (eighth / 2) * 8 + j % 8;
 }
 
 // sum a_i b_i, a in float16.
