@@ -16,13 +16,7 @@
 
 namespace {
 
-using kvpilot::half;
-using kvpilot::half_bits;
-using kvpilot::hsum;
-using kvpilot::kAhead;
-using kvpilot::prefetch;
-using kvpilot::product;
-using kvpilot::rows_of;
+using namespace kvpilot;  // product.h: the shared product loop and its helpers
 
 constexpr int64_t kBlock = 32;  // inputs per activation scale, as llama.cpp's Q8 blocks
 constexpr int64_t kSpan = 64;   // inputs per step: two blocks, 32 packed bytes of weights

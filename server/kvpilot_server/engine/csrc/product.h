@@ -1,5 +1,5 @@
 // What every decode-sized product in this directory shares: output rows split across OpenMP
-// threads, up to kBlock input rows against each weight row so the weights are read once.
+// threads, up to kRows input rows against each weight row so the weights are read once.
 #pragma once
 #include <torch/extension.h>
 #include <immintrin.h>
@@ -34,7 +34,7 @@ inline const uint16_t* half_bits(const torch::Tensor& t) {
   return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>());
 }
 
-constexpr int kBlock = 8;  // input rows per pass: 8 accumulators + 2 weight registers of 16
+constexpr int kRows = 8;  // input rows per pass: 8 accumulators + 2 weight registers of 16
 
 // y = x W^T + bias for every output row, split across threads; `dot.template rows<R>(o, r0,
 // sums)` gives R consecutive input rows' results for output row o (R a compile-time count so
@@ -47,9 +47,9 @@ torch::Tensor product(const Dot& dot, int64_t rows, int64_t out, const torch::Te
   float* yp = y.data_ptr<float>();
 #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < out; ++o) {
-    float sums[kBlock];
-    for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
-      const int64_t n = std::min<int64_t>(kBlock, rows - r0);
+    float sums[kRows];
+    for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+      const int64_t n = std::min<int64_t>(kRows, rows - r0);
       switch (n) {
         case 1: dot.template rows<1>(o, r0, sums); break;
         case 2: dot.template rows<2>(o, r0, sums); break;

@@ -16,13 +16,7 @@
 
 namespace {
 
-using kvpilot::half;
-using kvpilot::half_bits;
-using kvpilot::hsum;
-using kvpilot::kAhead;
-using kvpilot::prefetch;
-using kvpilot::product;
-using kvpilot::rows_of;
+using namespace kvpilot;  // product.h: the shared product loop and its helpers
 
 // int8, symmetric per output row: w[o, i] = q[o, i] * scale[o]. The scale is applied once per
 // output, after the dot product.
