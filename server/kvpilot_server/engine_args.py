@@ -20,7 +20,8 @@ _HELP = {
     "max_num_seqs": "most sequences in one step",
     "max_num_batched_tokens": "most tokens in one step (longer prompts are prefilled in chunks)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
-    "quantization": f"weight quantization: none, int8 or int4 (CPU, weight-only), fp8 ({_FP8})",
+    "quantization": "weight quantization: none, int8 or int4 (CPU; int4 decodes against int8 "
+    f"activations per block of 32), fp8 ({_FP8})",
     "quantization_group_size": f"int4: weights per scale and minimum ({_GROUPS})",
     "kv_cache_dtype": "KV cache precision: auto (the model dtype), int8 (per-token-per-head "
     f"scales; ~4x the tokens of float32, ~2x of 16-bit) or fp8 ({_FP8})",

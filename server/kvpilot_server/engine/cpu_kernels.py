@@ -22,7 +22,8 @@ def load() -> ModuleType | None:
 
 
 def load_weight_only() -> ModuleType | None:
-    """The weight-only int8/int4 linear module (AVX2), or None when disabled or the build fails."""
+    """The int8/int4 (and float32) decode-sized products (AVX2; int4 and the int8 lm_head
+    against int8 activations), or None when disabled or the build fails."""
     if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
         return None
     return _build("kvpilot_weight_only", "weight_only.cpp", "int8_activations.cpp")
