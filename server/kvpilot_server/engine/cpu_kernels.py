@@ -16,7 +16,7 @@ _CSRC = Path(__file__).parent / "csrc"
 
 def load() -> ModuleType | None:
     """The paged decode-attention module, or None when disabled or the build fails."""
-    if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
+    if not _enabled():
         return None
     return _build("kvpilot_paged_decode", "paged_decode.cpp")
 
@@ -24,7 +24,7 @@ def load() -> ModuleType | None:
 def load_weight_only() -> ModuleType | None:
     """The int8/int4 (and float32) decode-sized products (AVX2; int4 and the int8 lm_head
     against int8 activations), or None when disabled or the build fails."""
-    if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
+    if not _enabled():
         return None
     return _build("kvpilot_weight_only", "weight_only.cpp", "int8_activations.cpp")
 
@@ -32,9 +32,13 @@ def load_weight_only() -> ModuleType | None:
 def load_layer_ops() -> ModuleType | None:
     """A decode layer's small ops (norms, rotary embedding), or None when disabled or the build
     fails. Without contracted multiply-adds: the rotation then equals PyTorch's bit for bit."""
-    if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
+    if not _enabled():
         return None
     return _build("kvpilot_layer_ops", "layer_ops.cpp", flags=("-ffp-contract=off",))
+
+
+def _enabled() -> bool:
+    return os.environ.get("KVPILOT_CPU_KERNELS", "1") != "0"
 
 
 @functools.cache

@@ -73,7 +73,8 @@ def test_int4_linear_matches_its_reference_and_float(out_features, in_features, 
     x = torch.randn(rows, in_features)
     x[0, 5] = 40.0  # an outlier costs precision in its own block of 32 only
     quantized = Int4Linear(linear, DenseBuffer(torch.empty(0)), group)
-    int8_x = rows <= KERNEL_MAX_ROWS and in_features % 64 == 0
+    span = cpu_kernels.load_weight_only().INT8_ACTIVATION_SPAN
+    int8_x = rows <= KERNEL_MAX_ROWS and in_features % span == 0
     reference = _int4_reference(x, quantized, group, linear.bias, int8_x)
     got = quantized(x)
     assert torch.allclose(got, reference, rtol=1e-4, atol=1e-4)

@@ -60,12 +60,12 @@ inline float dot(const uint16_t* a, const float* b, int64_t n) {
 }
 
 struct Int4Int8Dot {
-  const uint8_t* q;      // packed weights [out, in / 2]
+  const uint8_t* q;         // packed weights [out, in / 2]
   const uint16_t* scale;    // float16 [out, in / group]
   const uint16_t* minimum;  // float16 [out, in / group]
-  const int8_t* xq;      // quantized activations [rows, in], each span in span_slot order
-  const float* xscale;   // [rows, in / kSpan, 8]: each span's two block scales, four times each
-  const float* xsum;     // [rows, in / group]
+  const int8_t* xq;         // quantized activations [rows, in], each span in span_slot order
+  const float* xscale;      // [rows, in / kSpan, 8]: each span's two block scales, 4 times each
+  const float* xsum;        // [rows, in / group]
   int64_t in, group, out;
 
   // The weight scales of span p's two blocks, four lanes each.
