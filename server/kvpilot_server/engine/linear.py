@@ -41,7 +41,7 @@ def _split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 def _candidates() -> dict[str, Product]:
     found: dict[str, Product] = {"linear": F.linear, "split": _split}
-    kernel = cpu_kernels.load_weight_only()
+    kernel = cpu_kernels.load()
     if kernel is not None:
         found["kernel"] = kernel.float32_linear
     return found

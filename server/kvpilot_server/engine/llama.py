@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpilot_server.engine import cpu_kernels
+from kvpilot_server.engine import cpu_kernels, decode_stack
 from kvpilot_server.engine.attention import AttentionMetadata, Workspace, paged_attention
 from kvpilot_server.engine.direct import Direct
 from kvpilot_server.engine.kv_cache import LayerCache
@@ -28,7 +28,7 @@ SILU_KERNEL_MAX_ROWS = 4
 
 @functools.cache
 def _compiled_layer_ops() -> ModuleType | None:
-    return cpu_kernels.load_layer_ops()  # looked up once: reading the environment costs µs
+    return cpu_kernels.load()  # looked up once: reading the environment costs µs
 
 
 def _layer_ops(x: torch.Tensor) -> ModuleType | None:
@@ -156,6 +156,12 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @functools.cached_property
+    def stack(self):
+        """The compiled decode stack (engine/decode_stack.py), built at the first step, when the
+        weights are final; None where it does not serve this model (set None to turn it off)."""
+        return decode_stack.build(self, SILU_KERNEL_MAX_ROWS)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [N]
@@ -166,8 +172,17 @@ class LlamaForCausalLM(nn.Module):
         logits_rows: torch.Tensor | None,  # rows whose next-token logits are needed
     ) -> torch.Tensor | None:
         x, residual = self.embed_tokens(input_ids), None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, cos, sin, kv_cache, metas, self.workspace)
+        group = None if self.stack is None else decode_stack.decode_group(metas, len(x), kv_caches)
+        if group is not None:
+            tables = group.block_ids.view(len(x), group.blocks)
+            keys, values = [c.k for c in kv_caches], [c.v for c in kv_caches]
+            slots = next(iter(metas.values())).slot_mapping
+            x, residual = self.stack.forward(
+                x, cos, sin, keys, values, slots, tables, group.context_lens
+            )
+        else:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                x, residual = layer(x, residual, cos, sin, kv_cache, metas, self.workspace)
         if logits_rows is None:  # a tensor-parallel worker: rank 0 samples, from its own logits
             return None
         # Only the last token of each sampling sequence needs the (large) vocabulary projection.

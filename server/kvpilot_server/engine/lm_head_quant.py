@@ -45,7 +45,7 @@ class Int8LmHead(Direct):
         self.register_buffer("weight", q)
         self.register_buffer("scale", scale.to(weight.device))
         on_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32
-        self.kernel = cpu_kernels.load_weight_only() if on_cpu else None
+        self.kernel = cpu_kernels.load() if on_cpu else None
         if self.kernel is not None:
             # Against int8 activations (quant.int8_activations) where the inputs come in whole
             # blocks: half the time of widening every weight to float.

@@ -110,7 +110,7 @@ class WeightOnlyLinear(Direct):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
         self.buffer = buffer
         on_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32
-        self.kernel = cpu_kernels.load_weight_only() if on_cpu else None
+        self.kernel = cpu_kernels.load() if on_cpu else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # the model's are 2-D

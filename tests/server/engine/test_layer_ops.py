@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from kvpilot_server.engine import cpu_kernels, llama
 
-ops = cpu_kernels.load_layer_ops()
+ops = cpu_kernels.load()
 
 
 def _reference_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

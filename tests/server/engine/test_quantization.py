@@ -2,8 +2,6 @@
 within a stated tolerance of its float version per format, SmolLM2 still answers and agrees with
 float32, and combinations that cannot run fail at start with a clear message."""
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
@@ -73,7 +71,7 @@ def test_int4_linear_matches_its_reference_and_float(out_features, in_features, 
     x = torch.randn(rows, in_features)
     x[0, 5] = 40.0  # an outlier costs precision in its own block of 32 only
     quantized = Int4Linear(linear, DenseBuffer(torch.empty(0)), group)
-    span = cpu_kernels.load_weight_only().INT8_ACTIVATION_SPAN
+    span = cpu_kernels.load().INT8_ACTIVATION_SPAN
     int8_x = rows <= KERNEL_MAX_ROWS and in_features % span == 0
     reference = _int4_reference(x, quantized, group, linear.bias, int8_x)
     got = quantized(x)
@@ -87,7 +85,7 @@ def test_int8_activations_follow_the_torch_definition():
     x = torch.randn(5, 576) * torch.logspace(-3, 2, 576)  # blocks of very different ranges
     x[1, :32] = 0.0  # an all-zero block: scale 0, every value 0
     x[2, 7] = 0.5 * x[2, :32].abs().max()  # nothing special, a tie is rare but possible
-    xq, d = cpu_kernels.load_weight_only().quantize_activations(x)
+    xq, d = cpu_kernels.load().quantize_activations(x)
     assert xq.dtype == torch.int8 and d.shape == (5, 576 // 32)
     expected = int8_activations(x)
     assert torch.equal((xq.float().view(5, -1, 32) * d[..., None]).view_as(x), expected)
@@ -150,7 +148,7 @@ def test_a_bfloat16_model_takes_the_expand_path_as_cuda_does(method):
 
 
 def test_the_kernels_build_on_this_machine():
-    assert cpu_kernels.load_weight_only() is not None  # otherwise int8/int4 run the slow path
+    assert cpu_kernels.load() is not None  # otherwise int8/int4 run the slow path
 
 
 def test_without_the_kernel_the_reference_path_gives_the_same_answer(monkeypatch):
@@ -220,16 +218,8 @@ def test_cpus_without_vnni_get_the_same_answers(tmp_path):
     # AVX2-only CPUs multiply the bytes with maddubs + madd instead of VNNI's dpbusd; the
     # integers are exact either way, so the answers must be identical, not merely close. Built
     # here with VNNI switched off, as such a CPU would build it.
-    from torch.utils.cpp_extension import load
-
-    csrc = Path(cpu_kernels.__file__).parent / "csrc"
-    portable = load(
-        name="kvpilot_weight_only_without_vnni",
-        sources=[str(csrc / "weight_only.cpp"), str(csrc / "int8_activations.cpp")],
-        extra_include_paths=[str(csrc)],
-        extra_cflags=["-O3", "-march=native", "-mno-avxvnni", "-mno-avx512vnni", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(tmp_path),
+    portable = cpu_kernels.build(
+        "kvpilot_cpu_without_vnni", ("-mno-avxvnni", "-mno-avx512vnni"), str(tmp_path)
     )
     torch.manual_seed(0)
     linear = nn.Linear(1536, 576)

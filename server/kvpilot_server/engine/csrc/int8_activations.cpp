@@ -8,6 +8,7 @@
 // row (the reason per-tensor int8 activations fail on these models). The int4 group minimum's
 // share uses the exact float sum of the activations:
 // sum x_i (q_i s + m) = s sum x_i q_i + m sum x_i.
+#include "kernels.h"
 #include "product.h"
 
 #include <cmath>

@@ -5,7 +5,7 @@
 // Built with -ffp-contract=off: the rotation is then the same float operations in the same
 // order as PyTorch's reference (x * cos + rotate_half(x) * sin), bit for bit. The norm's sum of
 // squares is accumulated in double, as close to exact as float32 inputs allow.
-#include <torch/extension.h>
+#include "kernels.h"
 
 #include <cmath>
 
@@ -103,11 +103,4 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
       op[r * width + i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
   }
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up output");
-  m.def("rms_norm", &rms_norm, "RMSNorm of each row");
-  m.def("add_rms_norm", &add_rms_norm, "residual += x, then the RMSNorm of residual");
-  m.def("rotate", &rotate, "rotary embedding (neox layout), into a new tensor");
 }

@@ -7,7 +7,7 @@
 // The cache holds float32, or int8 with a float32 scale per token per kv head. An int8 head
 // row is dequantized on the fly into a small buffer, once, and every query head of its group
 // reads it there: widening int8 inside each head's dot product would redo it per query head.
-#include <torch/extension.h>
+#include "kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -199,12 +199,4 @@ void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Te
         for (int64_t i = 0; i < hd; ++i) dst[i] = src[i * step];
       }
   }
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("write_kv", &write_kv, "Store new float32 keys and values into a paged KV cache (CPU)");
-  m.def("paged_decode", &paged_decode, "Decode attention over a paged KV cache (CPU, float32)");
-  m.def("paged_decode_int8", &paged_decode_int8,
-        "Decode attention over an int8 paged KV cache with per-token-per-head scales (CPU)");
-  m.def("write_int8", &write_int8, "Quantize keys or values into an int8 paged KV cache (CPU)");
 }

@@ -12,6 +12,7 @@
 // layers whose inputs come in whole spans take int8_activations.cpp's integer product instead.
 // Large batches (prefill) are compute-bound: for them `dequantize` writes the float weight
 // into a caller's buffer for one ordinary matmul.
+#include "kernels.h"
 #include "product.h"
 
 namespace {
@@ -248,30 +249,4 @@ void int8_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor dense) 
 void int4_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor minimum,
                      int64_t group, torch::Tensor dense) {
   expand(int4_weights(q, scale, minimum, group), q.size(0), q.size(1) * 2, dense);
-}
-
-// int8_activations.cpp
-std::vector<torch::Tensor> quantize_activations(torch::Tensor x);
-int64_t int8_activation_span();
-int64_t int8_activation_block();
-torch::Tensor int4_int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
-                               torch::Tensor minimum, int64_t group,
-                               c10::optional<torch::Tensor> bias);
-torch::Tensor int8_int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
-                               c10::optional<torch::Tensor> bias);
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("float32_linear", &float32_linear, "float32 linear for a few rows, all cores (AVX2)");
-  m.def("int8_linear", &int8_linear, "weight-only int8 linear (AVX2)");
-  m.def("int4_linear", &int4_linear, "weight-only group-wise int4 linear (AVX2)");
-  m.attr("INT8_ACTIVATION_SPAN") = int8_activation_span();
-  m.attr("INT8_ACTIVATION_BLOCK") = int8_activation_block();
-  m.def("int4_int8_linear", &int4_int8_linear,
-        "group-wise int4 weights x int8 activations per block of 32 (VNNI where present)");
-  m.def("int8_int8_linear", &int8_int8_linear,
-        "int8 weights per row x int8 activations per block of 32 (VNNI where present)");
-  m.def("quantize_activations", &quantize_activations,
-        "int8 activations per block of 32 as int4_int8_linear makes them: (xq, scale)");
-  m.def("int8_dequantize", &int8_dequantize, "int8 weight -> float32, into a given buffer");
-  m.def("int4_dequantize", &int4_dequantize, "int4 weight -> float32, into a given buffer");
 }

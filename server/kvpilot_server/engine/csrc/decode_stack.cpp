@@ -1,0 +1,118 @@
+// A whole decoder's decode step in one call: for each layer, norm -> qkv -> rotate -> write
+// K/V -> attend -> o_proj -> residual add and norm -> gate_up -> silu * up -> down_proj.
+//
+// The same kernels as the model's modules call one by one (kernels.h), in the same order, so
+// the result is the same bit for bit; what goes is the Python between them: at batch 1 the
+// interpreter's share of a decode step (module calls, views, splits, argument checks) was as
+// long as the int4 products themselves. Serves quantized (int4, int8) decoders on a float32 KV
+// cache, one decode per sequence, no tensor parallelism, no q/k norms; the modules serve the
+// rest (engine/decode_stack.py decides).
+#include "kernels.h"
+
+#include <vector>
+
+namespace {
+
+enum class Kind { kInt4Int8, kInt4, kInt8 };
+
+// One linear layer as its decode kernel reads it.
+struct Linear {
+  Kind kind;
+  torch::Tensor q, scale, minimum;  // minimum: int4 only
+  int64_t group;                    // int4 only
+  c10::optional<torch::Tensor> bias;
+
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    switch (kind) {
+      case Kind::kInt4Int8: return int4_int8_linear(x, q, scale, minimum, group, bias);
+      case Kind::kInt4: return int4_linear(x, q, scale, minimum, group, bias);
+      case Kind::kInt8: return int8_linear(x, q, scale, bias);
+    }
+    TORCH_CHECK(false, "unknown linear kind");
+  }
+};
+
+Linear make_linear(const std::string& kind, torch::Tensor q, torch::Tensor scale,
+                   c10::optional<torch::Tensor> minimum, int64_t group,
+                   c10::optional<torch::Tensor> bias) {
+  const Kind k = kind == "int4_int8" ? Kind::kInt4Int8 : kind == "int4" ? Kind::kInt4
+                 : kind == "int8" ? Kind::kInt8 : throw std::invalid_argument("kind: " + kind);
+  TORCH_CHECK(k == Kind::kInt8 || minimum.has_value(), "int4 needs its minimums");
+  return {k, q, scale, minimum.value_or(torch::Tensor()), group, bias};
+}
+
+struct Layer {
+  torch::Tensor input_norm, post_norm;
+  Linear qkv, o, gate_up, down;
+  int64_t window;  // sliding window, or 0
+};
+
+class DecodeStack {
+ public:
+  DecodeStack(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
+              int64_t silu_kernel_max_rows)
+      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps), scale_(scale),
+        silu_rows_(silu_kernel_max_rows) {}
+
+  void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, Linear qkv, Linear o,
+                 Linear gate_up, Linear down, int64_t window) {
+    layers_.push_back({input_norm, post_norm, qkv, o, gate_up, down, window});
+  }
+
+  // x: the embeddings [rows, hidden]; cos, sin [rows, 1, head_dim]; one K and V cache per
+  // layer; slots [rows]; tables [rows, blocks] and lens [rows] as paged_decode takes them.
+  // Returns (the last layer's MLP output, the residual stream before it is added), as the
+  // modules' loop leaves them.
+  std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+                                     const std::vector<torch::Tensor>& k_caches,
+                                     const std::vector<torch::Tensor>& v_caches,
+                                     torch::Tensor slots, torch::Tensor tables,
+                                     torch::Tensor lens) const {
+    const size_t n = layers_.size();
+    TORCH_CHECK(k_caches.size() == n && v_caches.size() == n, "one K and V cache per layer");
+    const int64_t rows = x.size(0), qk = heads_ + kv_heads_;
+    torch::Tensor residual = x;
+    for (size_t i = 0; i < n; ++i) {
+      const Layer& l = layers_[i];
+      // The first layer's residual stream is the embeddings themselves.
+      auto h = i == 0 ? rms_norm(x, l.input_norm, eps_)
+                      : add_rms_norm(x, residual, l.input_norm, eps_);
+      auto qkv = l.qkv(h).view({rows, qk + kv_heads_, head_dim_});
+      auto rotated = rotate(qkv.narrow(1, 0, qk), cos, sin);
+      write_kv(rotated.narrow(1, heads_, kv_heads_), qkv.narrow(1, qk, kv_heads_), k_caches[i],
+               v_caches[i], slots);
+      auto attended = paged_decode(rotated.narrow(1, 0, heads_).contiguous(), k_caches[i],
+                                   v_caches[i], tables, lens, scale_, l.window);
+      h = add_rms_norm(l.o(attended.view({rows, heads_ * head_dim_})), residual, l.post_norm,
+                       eps_);
+      auto gate_up = l.gate_up(h);
+      const int64_t width = gate_up.size(1) / 2;
+      // As llama.MLP chooses: the compiled silu for few rows, PyTorch's vectorised one beyond.
+      auto act = rows <= silu_rows_ ? silu_mul(gate_up)
+                                    : torch::silu(gate_up.narrow(1, 0, width)) *
+                                          gate_up.narrow(1, width, width);
+      x = l.down(act);
+    }
+    return {x, residual};
+  }
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  double eps_, scale_;
+  int64_t silu_rows_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+void bind_decode_stack(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<Linear>(m, "StackLinear");
+  m.def("stack_linear", &make_linear,
+        "one layer for DecodeStack: kind int4_int8, int4 or int8, its tensors, group, bias");
+  py::class_<DecodeStack>(m, "DecodeStack")
+      .def(py::init<int64_t, int64_t, int64_t, double, double, int64_t>())
+      .def("add_layer", &DecodeStack::add_layer)
+      .def("forward", &DecodeStack::forward, py::call_guard<py::gil_scoped_release>(),
+           "every decoder layer's decode step: (hidden, residual)");
+}
