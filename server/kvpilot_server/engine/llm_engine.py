@@ -89,7 +89,7 @@ class LLMEngine:
         cache = kv_cache.allocate(
             cfg, self.dtype, self.device, num_blocks, config.block_size, config.kv_cache_dtype
         )
-        kernel = cpu_kernel(self.device, self.dtype)
+        kernel = cpu_kernel(self.device, self.dtype, cfg.head_dim)
         self.runner = ModelRunner(
             self.model, cache, config.block_size, self.max_model_len, kernel, self.workers
         )

@@ -62,8 +62,10 @@ def count_blocks(
     return agree_min(blocks, tp)
 
 
-def cpu_kernel(device: torch.device, dtype: torch.dtype) -> ModuleType | None:
-    if device.type != "cpu" or dtype != torch.float32:
+def cpu_kernel(device: torch.device, dtype: torch.dtype, head_dim: int) -> ModuleType | None:
+    """The compiled decode attention, where it serves: CPU float32, a head dimension of whole
+    8-float vectors up to 256 (csrc/paged_decode.cpp refuses others)."""
+    if device.type != "cpu" or dtype != torch.float32 or head_dim % 8 or head_dim > 256:
         return None
     from kvpilot_server.engine import cpu_kernels
 

@@ -56,7 +56,9 @@ def main(argv: list[str]) -> int:
         model.cfg, dtype, device, blocks, config.block_size, config.kv_cache_dtype
     )
     max_len = config.max_model_len or model.cfg.max_position_embeddings
-    runner = ModelRunner(model, cache, config.block_size, max_len, cpu_kernel(device, dtype))
+    runner = ModelRunner(
+        model, cache, config.block_size, max_len, cpu_kernel(device, dtype, model.cfg.head_dim)
+    )
     log.info("ready: %d KV blocks", blocks)
     while True:
         box: list = [None]

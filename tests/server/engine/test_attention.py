@@ -32,7 +32,7 @@ def _decode_meta(block_tables, lens, block_size, window, use_kernel) -> Attentio
 
 
 @pytest.mark.skipif(kernel is None, reason="the CPU kernel did not build on this machine")
-@pytest.mark.parametrize("head_dim", [32, 64])  # 64 takes the kernel's compile-time path
+@pytest.mark.parametrize("head_dim", [24, 64, 128])  # 64, 128: compile-time paths
 @pytest.mark.parametrize(("block_size", "window"), [(1, None), (16, None), (16, 37), (32, 5)])
 def test_kernel_matches_reference(block_size, window, head_dim):
     torch.manual_seed(block_size)

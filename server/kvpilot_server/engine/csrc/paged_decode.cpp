@@ -1,103 +1,186 @@
 // Decode attention straight from the paged KV cache, for CPUs.
 //
-// One query token per sequence; each sequence and kv head is one OpenMP task. It reads that kv
-// head's keys and values once, block by block through the block table, and serves every query
-// head that shares it (grouped-query attention), so nothing is gathered, padded or repeated.
+// One query token per sequence; each sequence and kv head is one OpenMP task. It finds that kv
+// head's keys and values through the block table once and serves every query head that shares
+// it (grouped-query attention), so nothing is copied, padded or repeated for float32. Per query
+// head: scores four keys at a time with the query in registers, a vectorised softmax, then the
+// weighted sum of values 64 dimensions at a time in registers; explicit multiply-adds, as the
+// module is built without contracted ones (cpu_kernels.py).
 //
 // The cache holds float32, or int8 with a float32 scale per token per kv head. An int8 head
-// row is dequantized on the fly into a small buffer, once, and every query head of its group
-// reads it there: widening int8 inside each head's dot product would redo it per query head.
+// row is dequantized once into a per-thread buffer, and every query head of its group reads it
+// there: widening int8 inside each head's dot product would redo it per query head.
 #include "kernels.h"
+#include "product.h"
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
-// One token's keys or values for one kv head, as float: the cache row itself, or the int8 row
-// times its scale, written into `buf`.
-template <int64_t HD, typename T>
-inline const float* head_row(const T* cache, const float* scales, int64_t slot, int64_t head,
-                             int64_t kvh, int64_t hd, float* buf) {
-  const int64_t n = HD > 0 ? HD : hd;
-  if constexpr (std::is_same_v<T, float>) {
-    return cache + (slot * kvh + head) * n;
-  } else {
-    const int8_t* src = cache + (slot * kvh + head) * n;
-    const float s = scales[slot * kvh + head];
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) buf[i] = s * static_cast<float>(src[i]);
-    return buf;
+namespace {
+
+using kvpilot::hsum;
+
+// e^x for 8 floats, x <= 0 (scores less their maximum): Cephes' expf, the argument reduced by
+// ln 2 in two parts and a degree-5 polynomial, within a few ulp of std::exp. A scalar exp per
+// score was most of a long context's decode attention.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // 2^n stays a normal float
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
+// Lanes [0, n) of 8, for the tail of a row of scores.
+inline __m256i first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// s[0, n) = softmax(s[0, n)), in place.
+void softmax(float* s, int64_t n) {
+  __m256 top = _mm256_set1_ps(-INFINITY);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(s + t));
+  float m = -INFINITY;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, top);
+  for (float lane : lanes) m = std::max(m, lane);
+  for (int64_t i = t; i < n; ++i) m = std::max(m, s[i]);
+  const __m256 shift = _mm256_set1_ps(m);
+  __m256 sum = _mm256_setzero_ps();
+  for (t = 0; t < n; t += 8) {
+    const __m256i mask = first_lanes(n - t);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(s + t, mask), shift));
+    const __m256 kept = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
+    _mm256_maskstore_ps(s + t, mask, kept);
+    sum = _mm256_add_ps(sum, kept);
+  }
+  const __m256 inverse = _mm256_set1_ps(1.0f / hsum(sum));
+  for (t = 0; t < n; t += 8) {
+    const __m256i mask = first_lanes(n - t);
+    _mm256_maskstore_ps(s + t, mask, _mm256_mul_ps(_mm256_maskload_ps(s + t, mask), inverse));
   }
 }
 
-// HD is the head dimension when known at compile time (the inner loops then unroll and
-// vectorize fully), or 0 to read it at run time. ksp/vsp are the scales, null for float32.
+// The four sums of four vectors' lanes.
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+constexpr int64_t kMaxHeadDim = 256;
+
+// s[t] = scale * q . rows[t] for n rows; q stays in registers, four rows at a time.
+template <int64_t HD>
+void scores(const float* q, const float* const* rows, int64_t n, int64_t hd, float scale,
+            float* s) {
+  const int64_t chunks = (HD > 0 ? HD : hd) / 8;
+  __m256 qv[(HD > 0 ? HD : kMaxHeadDim) / 8];
+  for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm256_loadu_ps(q + 8 * c);
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(rows[t] + 8 * c), a0);
+      a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(rows[t + 1] + 8 * c), a1);
+      a2 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(rows[t + 2] + 8 * c), a2);
+      a3 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(rows[t + 3] + 8 * c), a3);
+    }
+    _mm_storeu_ps(s + t, _mm_mul_ps(hsum4(a0, a1, a2, a3), _mm_set1_ps(scale)));
+  }
+  for (; t < n; ++t) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c)
+      a = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(rows[t] + 8 * c), a);
+    s[t] = hsum(a) * scale;
+  }
+}
+
+// out = sum_t p[t] rows[t], 64 dimensions at a time so the sums stay in registers.
+template <int64_t HD>
+void weighted_sum(const float* p, const float* const* rows, int64_t n, int64_t hd, float* out) {
+  const int64_t dims = HD > 0 ? HD : hd;
+  for (int64_t d0 = 0; d0 < dims; d0 += 64) {
+    const int64_t chunks = std::min<int64_t>(64, dims - d0) / 8;
+    __m256 acc[8];
+    for (int64_t c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 w = _mm256_set1_ps(p[t]);
+      const float* v = rows[t] + d0;
+      for (int64_t c = 0; c < chunks; ++c)
+        acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), acc[c]);
+    }
+    for (int64_t c = 0; c < chunks; ++c) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
+  }
+}
+
+// Where one sequence's visible keys (or values) of one kv head are, as float rows: the cache
+// rows themselves, or int8 rows times their scales written once into `buf` (every query head
+// of the group then reads the float row).
+template <typename T>
+void gather_rows(const T* cache, const float* scales, const int64_t* table, int64_t first,
+                 int64_t len, int64_t bs, int64_t kvh, int64_t kv, int64_t hd,
+                 std::vector<const float*>& rows, std::vector<float>& buf) {
+  rows.resize(len - first);
+  if constexpr (!std::is_same_v<T, float>) buf.resize((len - first) * hd);
+  for (int64_t pos = first; pos < len; ++pos) {
+    const int64_t slot = table[pos / bs] * bs + pos % bs, at = (slot * kvh + kv) * hd;
+    if constexpr (std::is_same_v<T, float>) {
+      rows[pos - first] = cache + at;
+    } else {
+      float* row = buf.data() + (pos - first) * hd;
+      const float s = scales[slot * kvh + kv];
+      for (int64_t i = 0; i < hd; ++i) row[i] = s * static_cast<float>(cache[at + i]);
+      rows[pos - first] = row;
+    }
+  }
+}
+
 // One OpenMP task per sequence and kv head: a single sequence (batch 1) still uses every core,
-// and a task reads its kv head's keys and values once for all the query heads that share it.
+// and a task reads its kv head's keys and values for all the query heads that share it. HD is
+// the head dimension when known at compile time (the loops then unroll fully), or 0 to read
+// it at run time; either way a multiple of 8. ksp/vsp are the scales, null for float32.
 template <int64_t HD, typename T>
 void decode_rows(const float* qp, const T* kp, const T* vp, const float* ksp, const float* vsp,
                  const int64_t* bt, const int64_t* lens, float* op, int64_t D, int64_t H,
-                 int64_t hd_runtime, int64_t bs, int64_t kvh, int64_t max_blocks, float scale,
+                 int64_t hd, int64_t bs, int64_t kvh, int64_t max_blocks, float scale,
                  int64_t window) {
-  const int64_t hd = HD > 0 ? HD : hd_runtime;
   const int64_t group = H / kvh;  // query heads per kv head, consecutive
 #pragma omp parallel for schedule(dynamic)
   for (int64_t task = 0; task < D * kvh; ++task) {
-    const int64_t d = task / kvh, kv = task % kvh;
-    const int64_t len = lens[d];
-    const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+    thread_local std::vector<const float*> keys, values;
+    thread_local std::vector<float> key_buf, value_buf, probs;
+    const int64_t d = task / kvh, kv = task % kvh, len = lens[d];
+    const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, n = len - first;
     const int64_t* table = bt + d * max_blocks;
-    const float* qd = qp + (d * H + kv * group) * hd;  // this kv head's query heads
-    std::vector<float> scores(group * len);
-    std::vector<float> acc(group * hd, 0.0f);
-    std::vector<float> buf(std::is_same_v<T, float> ? 0 : hd);
-    // Pass 1: scaled q.k for every visible position and query head, block by block.
-    for (int64_t pos = first; pos < len;) {
-      const int64_t offset = pos % bs, count = std::min(bs - offset, len - pos);
-      const int64_t slot = table[pos / bs] * bs + offset;
-      for (int64_t t = 0; t < count; ++t) {
-        const float* k = head_row<HD>(kp, ksp, slot + t, kv, kvh, hd, buf.data());
-        for (int64_t head = 0; head < group; ++head) {
-          const float* qh = qd + head * hd;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < hd; ++i) dot += qh[i] * k[i];
-          scores[head * len + pos + t] = dot * scale;
-        }
-      }
-      pos += count;
-    }
-    // Softmax over the visible positions of each query head.
+    gather_rows(kp, ksp, table, first, len, bs, kvh, kv, hd, keys, key_buf);
+    gather_rows(vp, vsp, table, first, len, bs, kvh, kv, hd, values, value_buf);
+    probs.resize(n);
     for (int64_t head = 0; head < group; ++head) {
-      float* s = scores.data() + head * len;
-      const float top = *std::max_element(s + first, s + len);
-      float sum = 0.0f;
-      for (int64_t t = first; t < len; ++t) {
-        s[t] = std::exp(s[t] - top);
-        sum += s[t];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t t = first; t < len; ++t) s[t] *= inv;
+      const int64_t at = (d * H + kv * group + head) * hd;
+      scores<HD>(qp + at, keys.data(), n, hd, scale, probs.data());
+      softmax(probs.data(), n);
+      weighted_sum<HD>(probs.data(), values.data(), n, hd, op + at);
     }
-    // Pass 2: probability-weighted sum of the values.
-    for (int64_t pos = first; pos < len;) {
-      const int64_t offset = pos % bs, count = std::min(bs - offset, len - pos);
-      const int64_t slot = table[pos / bs] * bs + offset;
-      for (int64_t t = 0; t < count; ++t) {
-        const float* v = head_row<HD>(vp, vsp, slot + t, kv, kvh, hd, buf.data());
-        for (int64_t head = 0; head < group; ++head) {
-          const float p = scores[head * len + pos + t];
-          float* a = acc.data() + head * hd;
-#pragma omp simd
-          for (int64_t i = 0; i < hd; ++i) a[i] += p * v[i];
-        }
-      }
-      pos += count;
-    }
-    std::copy(acc.begin(), acc.end(), op + (d * H + kv * group) * hd);
   }
 }
+
+}  // namespace
 
 template <typename T>
 torch::Tensor decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -109,6 +192,7 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
   auto lens = context_lens.contiguous();
   auto out = torch::empty_like(q);
   const int64_t hd = q.size(2);
+  TORCH_CHECK(hd % 8 == 0 && hd <= kMaxHeadDim, "head_dim: a multiple of 8, at most 256");
   auto rows = hd == 64 ? decode_rows<64, T> : hd == 128 ? decode_rows<128, T> : decode_rows<0, T>;
   rows(q.data_ptr<float>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), k_scale, v_scale,
        tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<float>(), q.size(0),
