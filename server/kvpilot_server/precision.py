@@ -54,8 +54,10 @@ DTYPES = _table(
     DType("float16", "Float16", 2),
 )
 DEFAULT_DTYPE = "auto"
-# What auto resolves to: bfloat16 matmul on CPUs is ~400x slower than float32 (measured), and
-# GPUs run 16-bit at full speed with half the memory.
+# What auto resolves to. CPU: float32, the dtype whose greedy output equals Hugging Face's;
+# bfloat16 there means bfloat16 matrices in a float32 model (engine/half_matrices.py), several
+# times faster on CPUs with AMX and hundreds of times slower on those without. GPUs run 16-bit
+# at full speed with half the memory.
 AUTO_DTYPE_CPU = "float32"
 AUTO_DTYPE_GPU = "bfloat16"
 # Dtypes with a size: `kvpilot plan` needs one, it knows no device to resolve auto on.

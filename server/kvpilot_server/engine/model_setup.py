@@ -9,7 +9,7 @@ import torch
 
 from kvpilot_server import precision
 from kvpilot_server.config import EngineConfig
-from kvpilot_server.engine import kv_cache
+from kvpilot_server.engine import half_matrices, kv_cache
 from kvpilot_server.engine.llama import LlamaForCausalLM
 from kvpilot_server.engine.lm_head_quant import quantize_lm_head
 from kvpilot_server.engine.loader import load_model
@@ -39,6 +39,8 @@ def build_model(
     if shared:
         share_int8_scales(model, floats, absmax)
     quantize_lm_head(model, config.lm_head_quantization, device)
+    if half_matrices.applies(config.dtype, device):
+        half_matrices.convert(model)
     return model
 
 
@@ -87,8 +89,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The model's dtype: its activations, norms and KV cache (bfloat16 on CPU keeps those
+    float32 and only its matrices bfloat16: engine/half_matrices.py)."""
     if name == "auto":  # why each device gets what it gets: precision.py
         return getattr(torch, precision.resolve_dtype(name, gpu=device.type == "cuda"))
+    if half_matrices.applies(name, device):
+        if not half_matrices.amx_capable():
+            log.warning("this CPU has no AMX: bfloat16 products are far slower than float32")
+        return torch.float32
     if device.type == "cpu" and name != precision.AUTO_DTYPE_CPU:
         log.warning("dtype %s on CPU is usually far slower than float32", name)
     return getattr(torch, name)

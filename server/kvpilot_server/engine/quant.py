@@ -227,16 +227,7 @@ def quantize(
     check(method, group, device, model.embed_tokens.weight.dtype)
     if method == "none":
         return
-    layers = [
-        (owner, name)
-        for layer in model.layers
-        for owner, name in [
-            (layer.self_attn, "qkv_proj"),
-            (layer.self_attn, "o_proj"),
-            (layer.mlp, "gate_up_proj"),
-            (layer.mlp, "down_proj"),
-        ]
-    ]
+    layers = decoder_linears(model)
     for owner, name in layers:  # every check before any change: never a half-quantized model
         inputs = getattr(owner, name).in_features
         if method == "int4" and inputs % group:
@@ -248,6 +239,20 @@ def quantize(
     buffer = DenseBuffer(model.embed_tokens.weight)
     for owner, name in layers:
         setattr(owner, name, _quantized(getattr(owner, name), method, buffer, group))
+
+
+def decoder_linears(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(owner, attribute) of every decoder linear layer: what quantization replaces."""
+    return [
+        (owner, name)
+        for layer in model.layers
+        for owner, name in [
+            (layer.self_attn, "qkv_proj"),
+            (layer.self_attn, "o_proj"),
+            (layer.mlp, "gate_up_proj"),
+            (layer.mlp, "down_proj"),
+        ]
+    ]
 
 
 def _quantized(dense: nn.Linear, method: str, buffer: DenseBuffer, group: int) -> nn.Module:
