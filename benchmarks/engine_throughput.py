@@ -1,5 +1,7 @@
 """Engine benchmark: kvpilot vs Hugging Face generate() on one mixed workload, plus batch-1
-decode latency next to the memory-bandwidth bound. Prints one JSON document.
+decode latency next to the memory-bandwidth bound. Prints one JSON document. On CPUs with AMX
+it also runs both with bfloat16 matrices (kvpilot's dtype bfloat16 on CPU, Hugging Face's
+bfloat16 model).
 
 Workload (fixed seed): N requests, prompt lengths 32-512 tokens of real text, outputs 16-256
 tokens, all submitted at once. kvpilot runs them with continuous batching; HF runs static
@@ -18,6 +20,7 @@ import time
 import torch
 
 from kvpilot_server import LLM, SamplingParams
+from kvpilot_server.engine.half_matrices import amx_capable
 from kvpilot_testing.corpus import CORPUS  # the same real text the tests slice prompts from
 
 MODEL = "builtin://smollm2-135m-instruct"
@@ -116,6 +119,17 @@ def memory_bandwidth_gbs(size_mib: int = 512, runs: int = 5) -> float:
     return statistics.median(samples)
 
 
+def _engine(args: argparse.Namespace, dtype: str) -> LLM:
+    return LLM(
+        MODEL,
+        dtype=dtype,
+        max_model_len=1024,
+        kv_cache_bytes=4 << 30,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
@@ -124,15 +138,16 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument(
+        "--no-bfloat16",
+        dest="bfloat16",
+        action="store_false",
+        help="skip the bfloat16 runs (they only run on CPUs with AMX)",
+    )
     args = parser.parse_args()
 
-    llm = LLM(
-        MODEL,
-        max_model_len=1024,
-        kv_cache_bytes=4 << 30,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-    )
+    bfloat16 = args.bfloat16 and amx_capable()
+    llm = _engine(args, "float32")
     requests = workload(llm.tokenizer, args.requests, args.seed)
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
     bandwidth = memory_bandwidth_gbs()
@@ -144,6 +159,7 @@ def main() -> None:
             "torch_threads": torch.get_num_threads(),
             "processor": platform.processor() or platform.machine(),
             "torch": torch.__version__,
+            "amx": amx_capable(),
         },
         "model": MODEL,
         "dtype": "float32",
@@ -165,18 +181,32 @@ def main() -> None:
     }
     b1 = result["batch1_decode"]
     b1["fraction_of_bound"] = round(bound_ms / b1["kvpilot_ms_per_token"], 3)
+    path = llm.engine.model_path
+    del llm
+    if bfloat16:  # bfloat16 matrices in a float32 model (engine/half_matrices.py)
+        llm = _engine(args, "bfloat16")
+        result["kvpilot_bfloat16"] = run_kvpilot(llm, requests)
+        b1["kvpilot_bfloat16_ms_per_token"] = round(
+            decode_ms_per_token(llm, prompt, args.decode_tokens, 3), 2
+        )
+        del llm
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
 
-        path = llm.engine.model_path
-        del llm
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         b1["hf_ms_per_token"] = round(hf_decode_ms_per_token(hf, prompt, args.decode_tokens), 2)
         result["hf_generate"] = run_hf(hf, requests, 8, hf.config.eos_token_id)
-        result["throughput_ratio"] = round(
-            result["kvpilot"]["output_tokens_per_s"] / result["hf_generate"]["output_tokens_per_s"],
-            2,
-        )
+        hf_rate = result["hf_generate"]["output_tokens_per_s"]
+        result["throughput_ratio"] = round(result["kvpilot"]["output_tokens_per_s"] / hf_rate, 2)
+        if bfloat16:
+            rate = result["kvpilot_bfloat16"]["output_tokens_per_s"]
+            result["throughput_ratio_bfloat16"] = round(rate / hf_rate, 2)
+            # Hugging Face's own bfloat16 on the same CPU, for the like-for-like ratio.
+            del hf
+            hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+            result["hf_generate_bfloat16"] = run_hf(hf, requests, 8, hf.config.eos_token_id)
+            hf_half = result["hf_generate_bfloat16"]["output_tokens_per_s"]
+            result["throughput_ratio_bfloat16_vs_hf_bfloat16"] = round(rate / hf_half, 2)
     print(json.dumps(result, indent=2))
 
 

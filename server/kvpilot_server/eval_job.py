@@ -31,6 +31,7 @@ class Job:
     speed_tokens: int  # 0: no speed measurement
     continuations: list[list[int]] | None = None  # the baseline's; None: this is the baseline
     lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION
+    dtype: str = precision.DEFAULT_DTYPE
 
     @property
     def name(self) -> str:
@@ -38,24 +39,26 @@ class Job:
         group = f"-g{self.group_size}" if self.quantization == "int4" else ""
         lm_head = self.lm_head_quantization
         head = "" if lm_head == precision.DEFAULT_LM_HEAD_QUANTIZATION else f"+lm_head-{lm_head}"
-        return f"{self.quantization}{group}{head}{kv}"
+        dtype = "" if self.dtype == precision.DEFAULT_DTYPE else f"@{self.dtype}"
+        return f"{self.quantization}{group}{head}{dtype}{kv}"
 
 
 def run_job(job: Job) -> dict:
     """One config, in this process: build the engine, time it, then measure quality."""
-    import torch
-
     from kvpilot_server import LLM
+    from kvpilot_server.engine.model_setup import resolve_device, resolve_dtype
     from kvpilot_server.memory_model import kv_bytes_per_token, shape_from_config
 
     config = json.loads((_model_path(job.model) / "config.json").read_text())
-    # The dtype auto gives the engine below, to size its KV cache in advance.
-    dtype = precision.resolve_dtype("auto", gpu=job.device != "cpu" and torch.cuda.is_available())
+    # The KV cache's dtype for the engine below, to size its cache in advance.
+    device = resolve_device(job.device)
+    dtype = str(resolve_dtype(job.dtype, device)).removeprefix("torch.")
     max_len = max(job.window + 1, PROMPT_TOKENS + max(job.new_tokens, job.speed_tokens))
     per_token = kv_bytes_per_token(shape_from_config(config), dtype, job.kv_cache_dtype)
     llm = LLM(
         job.model,
         device=job.device,
+        dtype=job.dtype,
         quantization=job.quantization,
         quantization_group_size=job.group_size,
         kv_cache_dtype=job.kv_cache_dtype,

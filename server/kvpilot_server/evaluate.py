@@ -41,13 +41,15 @@ LM_HEAD = "+lm_head-"  # a config's lm_head suffix, e.g. int4-g32+lm_head-int8
 
 def parse_configs(
     spec: str, kv_default: str, group_default: int
-) -> list[tuple[str, int, str, str]]:
-    """'none,int8+lm_head-int8,int4-g64:int8' -> [(quantization, group size, kv_cache_dtype,
-    lm_head_quantization), ...]; '-gN', '+lm_head-Q' and ':KV' override
-    --quantization-group-size, the unquantized lm_head and --kv-cache-dtype for one config."""
+) -> list[tuple[str, int, str, str, str]]:
+    """'none,int8+lm_head-int8,int4-g64:int8,none@bfloat16' -> [(quantization, group size,
+    kv_cache_dtype, lm_head_quantization, dtype), ...]; '-gN', '+lm_head-Q', '@DTYPE' and ':KV'
+    override --quantization-group-size, the unquantized lm_head, the model dtype (auto) and
+    --kv-cache-dtype for one config."""
     configs = []
     for item in filter(None, (s.strip() for s in spec.split(","))):
         weights, _, kv = item.partition(":")
+        weights, _, dtype = weights.partition("@")
         weights, _, lm_head = weights.partition(LM_HEAD)
         quantization, _, group = weights.partition("-g")
         configs.append(
@@ -56,6 +58,7 @@ def parse_configs(
                 int(group) if group else group_default,
                 kv or kv_default,
                 lm_head or precision.DEFAULT_LM_HEAD_QUANTIZATION,
+                dtype or precision.DEFAULT_DTYPE,
             )
         )
     return configs
@@ -66,8 +69,8 @@ def add_eval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--configs",
         default="none,int8,int4",
-        help="weight quantizations, QUANT[-gGROUP][+lm_head-int8][:KV_DTYPE], "
-        "e.g. none,int8,int4-g64:int8,int4+lm_head-int8",
+        help="weight quantizations, QUANT[-gGROUP][+lm_head-int8][@DTYPE][:KV_DTYPE], "
+        "e.g. none,int8,int4-g64:int8,int4+lm_head-int8,none@bfloat16",
     )
     parser.add_argument(
         "--kv-cache-dtype",
@@ -109,20 +112,21 @@ def run_eval(args: argparse.Namespace) -> int:
     none, auto = precision.DEFAULT_QUANTIZATION, precision.DEFAULT_KV_CACHE_DTYPE
     group = precision.INT4_DEFAULT_GROUP_SIZE
     baseline_job = Job(quantization=none, group_size=group, kv_cache_dtype=auto, **base)
-    unquantized = (none, auto, precision.DEFAULT_LM_HEAD_QUANTIZATION)
-    configs = [c for c in configs if (c[0], c[2], c[3]) != unquantized]
+    unquantized = (none, auto, precision.DEFAULT_LM_HEAD_QUANTIZATION, precision.DEFAULT_DTYPE)
+    configs = [c for c in configs if (c[0], c[2], c[3], c[4]) != unquantized]
     baseline = _in_fresh_process(baseline_job)
     if "error" in baseline:
         print(f"kvpilot eval: baseline failed: {baseline['error']}", file=sys.stderr)
         return 1
     continuations = baseline.pop("continuations")
     results = {"none": baseline}
-    for quantization, group, kv, lm_head in configs:
+    for quantization, group, kv, lm_head, dtype in configs:
         job = Job(
             quantization=quantization,
             group_size=group,
             kv_cache_dtype=kv,
             lm_head_quantization=lm_head,
+            dtype=dtype,
             continuations=continuations,
             **base,
         )

@@ -18,18 +18,25 @@ def test_the_default_text_is_prose_read_from_the_machine():
 
 def test_configs_name_weights_and_optionally_the_kv_cache():
     assert parse_configs("none, int8,int4-g64:int8,int4", "auto", 32) == [
-        ("none", 32, "auto", "none"),
-        ("int8", 32, "auto", "none"),
-        ("int4", 64, "int8", "none"),
-        ("int4", 32, "auto", "none"),
+        ("none", 32, "auto", "none", "auto"),
+        ("int8", 32, "auto", "none", "auto"),
+        ("int4", 64, "int8", "none", "auto"),
+        ("int4", 32, "auto", "none", "auto"),
     ]
-    assert parse_configs("int8", "int8", 32) == [("int8", 32, "int8", "none")]
+    assert parse_configs("int8", "int8", 32) == [("int8", 32, "int8", "none", "auto")]
 
 
 def test_configs_may_quantize_the_lm_head():
     assert parse_configs("int4-g32+lm_head-int8,none+lm_head-int8:int8", "auto", 64) == [
-        ("int4", 32, "auto", "int8"),
-        ("none", 64, "int8", "int8"),
+        ("int4", 32, "auto", "int8", "auto"),
+        ("none", 64, "int8", "int8", "auto"),
+    ]
+
+
+def test_configs_may_choose_the_model_dtype():
+    assert parse_configs("none@bfloat16,int4+lm_head-int8@bfloat16:int8", "auto", 32) == [
+        ("none", 32, "auto", "none", "bfloat16"),
+        ("int4", 32, "int8", "int8", "bfloat16"),
     ]
 
 

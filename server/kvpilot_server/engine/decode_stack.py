@@ -9,22 +9,20 @@ decodes of at most quant.KERNEL_MAX_ROWS sequences. The modules' loop (llama.py)
 everything else and stays the definition.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from torch import nn
 
 from kvpilot_server.engine import cpu_kernels
 from kvpilot_server.engine.attention import AttentionMetadata, DecodeGroup
 from kvpilot_server.engine.kv_cache import LayerCache
 from kvpilot_server.engine.quant import KERNEL_MAX_ROWS, Int4Linear, Int8Linear
 
-if TYPE_CHECKING:
-    from kvpilot_server.engine.llama import LlamaForCausalLM
 
-
-def build(model: "LlamaForCausalLM", silu_kernel_max_rows: int) -> Any | None:
-    """The model's stack (a csrc DecodeStack holding its weights), or None when some part of
-    the model is not one the stack runs. Build it once the weights are final (quantized)."""
+def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
+    """A llama.LlamaForCausalLM's stack (a csrc DecodeStack holding its weights), or None when
+    some part of the model is not one the stack runs. Build it once the weights are final."""
     cfg, kernel = model.cfg, cpu_kernels.load()
     weight = model.norm.weight
     if kernel is None or model.tp.size != 1 or cfg.qk_norm:
@@ -50,7 +48,7 @@ def build(model: "LlamaForCausalLM", silu_kernel_max_rows: int) -> Any | None:
     return stack
 
 
-def _linear(kernel: Any, module: torch.nn.Module) -> Any | None:
+def _linear(kernel: Any, module: nn.Module) -> Any | None:
     b = module._buffers
     if isinstance(module, Int4Linear) and module.kernel is not None:
         kind = "int4_int8" if module.product.__name__ == "int4_int8_linear" else "int4"
