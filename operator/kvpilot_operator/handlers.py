@@ -1,7 +1,9 @@
 """kopf handlers: thin. Spec in, render() and status() in the middle, writes at the edges.
 
 Two writers, each of its own part: reconcile() writes the children, and keep_status(), a daemon
-per ModelDeployment, writes its status (all of it but status.autoscaling, the autoscaler's). The
+per ModelDeployment, writes its status (all of it but status.autoscaling, the autoscaler's). A
+child the API server refuses reaches status through the kvpilot.dev/apply-rejected annotation
+that reconcile() leaves on the ModelDeployment (rejection.py), not through a write of its own. The
 daemon recomputes status when a child or the object changes (children.py: kopf indexes fed by
 watches, so it costs no API calls) and writes only what changed; a slow resync is the safety net.
 
@@ -16,8 +18,9 @@ from importlib.metadata import version
 from typing import Any
 
 import kopf
+from lightkube import ApiError
 
-from kvpilot_operator import children, crd, metrics
+from kvpilot_operator import children, crd, metrics, rejection
 from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster
 from kvpilot_operator.fit import check
 from kvpilot_operator.render import render
@@ -52,28 +55,52 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.resume(*RESOURCE, backoff=RETRY_SECONDS)
 @kopf.on.create(*RESOURCE, backoff=RETRY_SECONDS)
 @kopf.on.update(*RESOURCE, field="spec", backoff=RETRY_SECONDS)
-def reconcile(body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
+def reconcile(body: kopf.Body, patch: kopf.Patch, name: str, namespace: str, **_: Any) -> None:
     with metrics.reconcile_seconds.labels(namespace, name).time():
         try:
-            _reconcile(body)
+            _reconcile(body, patch)
         except Exception:
             metrics.reconcile_errors.labels(namespace, name).inc()
             raise
 
 
-def _reconcile(body: kopf.Body) -> None:
+def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
     md = crd.defaulted(body)
+    meta = md["metadata"]
     # A spec that cannot fit creates no pods that would only OOM; what runs keeps running.
     # keep_status() says why, from the same check.
     if check(md["spec"]).fits is False:
+        _forget_rejection(meta, patch)  # nothing was applied, so nothing was refused
         return
     objects = render(md, image(), pull_secrets())
     kopf.adopt(objects, owner=body)
+    # In render()'s order, Deployment first: a refused Deployment leaves no new Service or PDB
+    # behind (and an existing model keeps its children as they were). A Service or PDB refused
+    # after it would leave the new Deployment applied; the CRD's enums and bounds leave nothing
+    # in them for the API server to refuse.
     for obj in objects:
-        cluster().apply(obj)
+        try:
+            cluster().apply(obj)
+        except ApiError as exc:
+            if not rejection.refused(exc.status.code):
+                raise  # may pass by itself: kopf retries every RETRY_SECONDS
+            answer = exc.status.to_dict()
+            refusal = rejection.record(obj["kind"], answer, meta.get("generation", 1))
+            patch.metadata.annotations[rejection.ANNOTATION] = refusal
+            # Permanent, not kopf's retry: this spec gets this answer every time, so retrying
+            # would only log it every 5 s. kopf marks the change handled, the next spec change
+            # (a new generation) runs reconcile at once, and a restarted operator (perhaps on an
+            # upgraded API server) tries once more on resume.
+            why = rejection.message(answer)
+            raise kopf.PermanentError(f"the API server refused the {obj['kind']}: {why}") from None
     if not any(o["kind"] == "PodDisruptionBudget" for o in objects):
-        meta = md["metadata"]
         cluster().delete("PodDisruptionBudget", meta["name"], meta["namespace"])
+    _forget_rejection(meta, patch)
+
+
+def _forget_rejection(meta: dict, patch: kopf.Patch) -> None:
+    if rejection.ANNOTATION in (meta.get("annotations") or {}):
+        patch.metadata.annotations[rejection.ANNOTATION] = None  # merge patch: remove it
 
 
 @kopf.daemon(*RESOURCE, cancellation_timeout=5.0, backoff=RETRY_SECONDS)

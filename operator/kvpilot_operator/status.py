@@ -2,7 +2,8 @@
 
 The conditions name the real cause, read from the pods themselves: the scheduler's message for
 an unschedulable pod, the kubelet's for an image that cannot be pulled, OOMKilled, and the
-server's own termination message when it could not start (kvpilot_server.termination).
+server's own termination message when it could not start (kvpilot_server.termination), and
+the API server's when it refused a child the reconcile applied (rejection.py).
 """
 
 import datetime
@@ -10,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot_operator import rejection
 from kvpilot_operator.fit import Fit
 from kvpilot_operator.naming import endpoint, selector
 from kvpilot_operator.render import desired_replicas
@@ -95,11 +97,20 @@ def pod_cause(pod: dict) -> Cause | None:
 
 
 def conditions(
-    desired: int, ready: int, fit: Fit, pods: list[dict], rolled: bool
+    desired: int,
+    ready: int,
+    fit: Fit,
+    pods: list[dict],
+    rolled: bool,
+    rejected: rejection.Rejection | None = None,
 ) -> list[Condition]:
     causes = [c for c in (pod_cause(p) for p in pods) if c]
     fault = next((c for c in causes if c.blocking), None)
-    if fit.fits is False:
+    if rejected:  # the spec never reached the pods: what they say is about an older one
+        fault = Cause(
+            rejected.reason, f"the API server refused the {rejected.kind}: {rejected.message}"
+        )
+    if fit.fits is False:  # checked before any apply, and of the spec as it is now
         fault = Cause(fit.reason, fit.message)
     progress = next((c for c in causes if not c.blocking), None)
     counts = f"{ready}/{desired} replicas ready"
@@ -193,7 +204,8 @@ def status(
     rolled = rolled and observed.get("observedGeneration", 0) >= deployment["metadata"].get(
         "generation", 0
     )
-    found = conditions(desired, ready, fit, pods, rolled)
+    rejected = rejection.read(meta.get("annotations"))
+    found = conditions(desired, ready, fit, pods, rolled, rejected)
     limited = scaling_limited(spec, body.get("status", {}).get("autoscaling") or {})
     found += [limited] if limited else []
     old = body.get("status", {}).get("conditions", [])
