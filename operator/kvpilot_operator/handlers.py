@@ -126,6 +126,9 @@ async def keep_status(
     finally:
         if stopped:
             children.forget(namespace, name)
+            # Also when kopf's peering pauses this replica: its numbers would go stale while
+            # another replica reports the same ModelDeployment (the autoscaler drops its own).
+            metrics.forget(namespace, name, metrics.STATUS_GAUGES)
 
 
 @kopf.on.delete(*RESOURCE, optional=True)

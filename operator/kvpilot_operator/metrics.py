@@ -25,7 +25,8 @@ reconcile_seconds = Histogram(names.OPERATOR_RECONCILE_SECONDS, "Reconcile durat
 # Every gauge labelled by one ModelDeployment: a value kept after it is gone, or after nothing
 # updates it any more, would keep alerts firing on a stale number.
 GAUGES = (desired, current, ready, max_replicas, queue, p95)
-AUTOSCALER_GAUGES = (max_replicas, queue, p95)  # the rest: every status refresh
+AUTOSCALER_GAUGES = (max_replicas, queue, p95)
+STATUS_GAUGES = (desired, current, ready)  # every status refresh sets them (set_replicas)
 
 
 def set_replicas(namespace: str, name: str, wanted: int, existing: int, serving: int) -> None:

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpilot_operator import autoscaler, crd, metrics
+from kvpilot_operator import autoscaler, crd, handlers, metrics
 from kvpilot_operator.observe import Window
 from kvpilot_server import metric_names as names
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, wait_for
@@ -71,7 +71,7 @@ class _Stopped:
     def __bool__(self) -> bool:
         return self.event.is_set()
 
-    async def wait(self, timeout: float) -> None:
+    async def wait(self, timeout: float | None = None) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.event.wait(), timeout)
 
@@ -128,6 +128,28 @@ def test_the_daemon_drops_the_gauges_when_stopped(monkeypatch):
 
     asyncio.run(scenario())
     assert [_value(g, "stopped") for g in GAUGES] == [1.0, 1.0, 1.0, None, None, None]
+
+
+def test_the_status_daemon_drops_its_gauges_when_stopped(monkeypatch):
+    """kopf stops it when the ModelDeployment goes, and when peering pauses this replica while
+    another one reports the same ModelDeployment."""
+    monkeypatch.setattr(
+        handlers, "report", lambda body, *_: metrics.set_replicas("ns", "paused", 2, 2, 1) or {}
+    )
+
+    async def scenario():
+        stopped = _Stopped()
+        kwargs = {"name": "paused", "namespace": "ns", "owned_deployments": {}, "owned_pods": {}}
+        task = asyncio.ensure_future(
+            handlers.keep_status(body=_md("paused"), stopped=stopped, **kwargs)
+        )
+        await asyncio.sleep(0.05)
+        assert _value(names.OPERATOR_READY_REPLICAS, "paused") == 1
+        stopped.event.set()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(scenario())
+    assert [_value(g, "paused") for g in GAUGES[:3]] == [None, None, None]
 
 
 def test_a_failed_step_keeps_the_gauges_for_kopfs_retry(monkeypatch):
