@@ -43,6 +43,8 @@ def rules_template() -> str:
         ("namespaced", permissions.NAMESPACED),
         ("cluster", permissions.CLUSTER),
         ("clusterWhenNamespaced", permissions.CLUSTER_WHEN_NAMESPACED),
+        ("peering", permissions.PEERING),
+        ("peeringCluster", permissions.PEERING_CLUSTER),
         ("gateway", permissions.GATEWAY),
     ]:
         out += [f'{{{{- define "kvpilot.rules.{name}" }}}}', *_rules(group), "{{- end }}"]

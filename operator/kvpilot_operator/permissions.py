@@ -96,6 +96,27 @@ CLUSTER_WHEN_NAMESPACED = (
     ),
 )
 
+# Only with more than one operator replica (kopf's peering, peering.py), in every watched
+# namespace (a Role there). kopf watches the peering object and patches its own keep-alive into
+# its status; each replica creates the object at start-up when it is missing (Helm cannot: it
+# would be an object of a CRD the same release installs).
+PEERING = (
+    Permission(
+        "kopf.dev",
+        "kopfpeerings",
+        ("list", "watch", "patch", "create"),
+        "kopf's peering: which replica acts (peering.ensure_peering creates the object)",
+    ),
+)
+# The same watching all namespaces: one cluster-scoped ClusterKopfPeering (the ClusterRole).
+PEERING_CLUSTER = (
+    Permission(
+        "kopf.dev",
+        "clusterkopfpeerings",
+        ("list", "watch", "patch", "create"),
+        "kopf's peering watching all namespaces (peering.ensure_peering creates the object)",
+    ),
+)
 
 # `kvpilot gateway` (gateway/kvpilot_gateway), under its own ServiceAccount: in every namespace it
 # watches (a Role there, or a ClusterRole when watching all namespaces), like NAMESPACED. It reads

@@ -79,8 +79,10 @@ def _scenarios(tmp_path: Path) -> list[tuple[str, list[dict]]]:
     found = [("defaults", objects(render()))]
     for scope, values in SCOPES.items():
         on = _merge(values, EVERYTHING_ON)
+        peering = _merge(values, {"operator": {"replicas": 2}})  # kopf's peering CRDs and RBAC
         found += [
             (f"{scope}", objects(render(values))),
+            (f"{scope}-peering", objects(render(peering))),
             (f"{scope}-all-on-no-api", objects(render(on, chart=with_files))),
             (f"{scope}-all-on", objects(render(on, chart=with_files, api_versions=API))),
             (f"{scope}-all-on-chart-files", objects(render(on, api_versions=API))),
@@ -167,6 +169,8 @@ def test_every_rendered_object_passes_strict_kubernetes_validation(tmp_path):
         ({"image": {"tag": 1.0}}, "/image/tag"),
         ({"image": {"digest": "latest"}}, "/image/digest"),
         ({"operator": {"metricsPort": 70000}}, "/operator/metricsPort"),
+        ({"operator": {"replicas": 0}}, "/operator/replicas"),
+        ({"operator": {"peeringLifetimeSeconds": 1}}, "/operator/peeringLifetimeSeconds"),
         ({"monitoring": {"podMonitor": {"interval": "15 seconds"}}}, "/monitoring/podMonitor"),
         ({"crds": {"enabled": "yes"}}, "/crds/enabled"),
         ({"extraObjects": [42]}, "/extraObjects/0"),

@@ -1,7 +1,8 @@
 """The chart's RBAC, evaluated as the API server's authorizer would for the operator's
 ServiceAccount: it allows each permission in kvpilot_operator.permissions where the operator
 needs it, and nothing else anywhere (no wildcard, nothing in unwatched namespaces, nothing
-cluster-wide but the cluster-scoped reads when watching named namespaces)."""
+cluster-wide but the cluster-scoped reads when watching named namespaces), with one operator
+replica and with several (kopf's peering object)."""
 
 from dataclasses import dataclass
 
@@ -55,16 +56,19 @@ def _grants(found: list[dict], part: str = "operator") -> set[Grant]:
     return grants
 
 
-def _needed(namespaces: list[str]) -> set[Grant]:
-    """What permissions.py asks for, watching `namespaces` ([]: all of them)."""
+def _needed(namespaces: list[str], peering: bool = False) -> set[Grant]:
+    """What permissions.py asks for, watching `namespaces` ([]: all of them), with kopf's
+    peering (more than one replica) or without."""
     where = namespaces or [CLUSTER]
+    namespaced = permissions.NAMESPACED + (permissions.PEERING if peering and namespaces else ())
     needed = {
         Grant(p.api_group, p.resource, verb, ns)
-        for p in permissions.NAMESPACED
+        for p in namespaced
         for verb in p.verbs
         for ns in where
     }
     cluster = permissions.CLUSTER + (permissions.CLUSTER_WHEN_NAMESPACED if namespaces else ())
+    cluster += permissions.PEERING_CLUSTER if peering and not namespaces else ()
     needed |= {Grant(p.api_group, p.resource, v, CLUSTER) for p in cluster for v in p.verbs}
     return needed
 
@@ -82,21 +86,29 @@ def _allows(grants: set[Grant], want: Grant) -> bool:
     return False
 
 
+# One operator replica (standalone), or two (kopf's peering object too).
+REPLICAS = pytest.mark.parametrize("replicas", [1, 2])
+
+
+@REPLICAS
 @pytest.mark.parametrize("scope", SCOPES)
-def test_rbac_allows_every_declared_permission_where_it_is_needed(scope):
+def test_rbac_allows_every_declared_permission_where_it_is_needed(scope, replicas):
     values, namespaces = SCOPES[scope]
-    grants = _grants(objects(render(values)))
-    missing = [want for want in sorted(_needed(namespaces), key=str) if not _allows(grants, want)]
+    grants = _grants(objects(render({**values, "operator": {"replicas": replicas}})))
+    needed = _needed(namespaces, peering=replicas > 1)
+    missing = [want for want in sorted(needed, key=str) if not _allows(grants, want)]
     assert missing == []
 
 
+@REPLICAS
 @pytest.mark.parametrize("scope", SCOPES)
-def test_rbac_allows_nothing_more(scope):
+def test_rbac_allows_nothing_more(scope, replicas):
     values, namespaces = SCOPES[scope]
-    grants = _grants(objects(render(values)))
-    assert grants == _needed(namespaces)  # so no wildcard, and nothing undeclared
+    grants = _grants(objects(render({**values, "operator": {"replicas": replicas}})))
+    # So no wildcard, nothing undeclared, and no peering object with one replica.
+    assert grants == _needed(namespaces, peering=replicas > 1)
     if namespaces:
-        for p in permissions.NAMESPACED:
+        for p in permissions.NAMESPACED + permissions.PEERING:
             for verb in p.verbs:
                 want = Grant(p.api_group, p.resource, verb, ELSEWHERE)
                 assert not _allows(grants, want), want

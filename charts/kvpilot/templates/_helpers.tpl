@@ -26,6 +26,19 @@ their name. */}}
 {{- printf "%s-%s" .Release.Namespace (include "kvpilot.fullname" .) -}}
 {{- end -}}
 
+{{/* The name of kopf's peering object when the operator runs more than one replica (empty:
+one replica, standalone): a ClusterKopfPeering, named like the cluster-scoped objects, when
+watching all namespaces; else a KopfPeering of the release's name in each watched namespace. */}}
+{{- define "kvpilot.peering" -}}
+{{- if gt (int .Values.operator.replicas) 1 -}}
+{{- if eq .Values.watch.scope "All" -}}
+{{- include "kvpilot.clusterName" . -}}
+{{- else -}}
+{{- include "kvpilot.fullname" . -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kvpilot.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- .Values.serviceAccount.name | default (include "kvpilot.fullname" .) -}}

@@ -50,6 +50,18 @@ operator/kvpilot_operator/permissions.py: edit that file, then run the script. *
   resources: ["namespaces"]
   verbs: ["list", "watch"]
 {{- end }}
+{{- define "kvpilot.rules.peering" }}
+# kopf's peering: which replica acts (peering.ensure_peering creates the object)
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["list", "watch", "patch", "create"]
+{{- end }}
+{{- define "kvpilot.rules.peeringCluster" }}
+# kopf's peering watching all namespaces (peering.ensure_peering creates the object)
+- apiGroups: ["kopf.dev"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["list", "watch", "patch", "create"]
+{{- end }}
 {{- define "kvpilot.rules.gateway" }}
 # the models it serves and their served names come from a watch (watch.py); it server-side-applies its held.gateway.kvpilot.dev/<gateway id> annotation (announce.py, kvpilot_server.demand), which wakes a model scaled to zero
 - apiGroups: ["kvpilot.dev"]
