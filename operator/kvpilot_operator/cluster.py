@@ -3,7 +3,7 @@ kopf handlers and the autoscaler share."""
 
 from typing import Any
 
-from lightkube import ApiError, Client, codecs
+from lightkube import ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Service
@@ -40,8 +40,23 @@ class Cluster:
         what render() made. A field render() stops emitting (an init container, a toleration,
         a nodeSelector entry) is removed, since this manager owned it; a field another manager
         owns (an annotation from `kubectl annotate`) stays; an object already so is not
-        written at all. Creating a missing object this way needs `create` as well as `patch`."""
-        self.client.apply(codecs.from_dict(obj), field_manager=FIELD_MANAGER, force=True)
+        written at all. Creating a missing object this way needs `create` as well as `patch`.
+
+        The dict goes as it is, not through lightkube's models: those drop a field they do not
+        know (a misspelt toleration key the CRD passes through would vanish, and the pod would
+        tolerate something else) and refuse a value of the wrong type before sending it, with
+        no word from the API server. Sent as it is, the API server refuses both, in its words
+        (rejection.py)."""
+        meta = obj["metadata"]
+        self.client.patch(
+            KINDS[obj["kind"]],
+            meta["name"],
+            obj,
+            namespace=meta.get("namespace"),
+            patch_type=PatchType.APPLY,
+            field_manager=FIELD_MANAGER,
+            force=True,
+        )
 
     def delete(self, kind: str, name: str, namespace: str) -> bool:
         try:

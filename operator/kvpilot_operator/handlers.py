@@ -82,7 +82,7 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
         try:
             cluster().apply(obj)
         except ApiError as exc:
-            if not rejection.refused(exc.status.code):
+            if not rejection.refused(exc.status.code, exc.status.message):
                 raise  # may pass by itself: kopf retries every RETRY_SECONDS
             answer = exc.status.to_dict()
             refusal = rejection.record(obj["kind"], answer, meta.get("generation", 1))

@@ -1,5 +1,6 @@
-"""A child the API server refused for what it says (422 Invalid, 400 BadRequest): how the
-reconcile records the refusal and how status() reads it back. Pure.
+"""A child the API server refused for what it says (422 Invalid, 400 BadRequest, and server-side
+apply's 500 for a field the schema lacks): how the reconcile records the refusal and how
+status() reads it back. Pure.
 
 The CRD leaves tolerations, affinity, nodeSelector keys and runtimeClassName to the Deployment's
 own validation, so a spec can pass the CRD and still be refused when the operator applies its
@@ -17,9 +18,14 @@ from typing import Any
 
 ANNOTATION = "kvpilot.dev/apply-rejected"
 # What the API server answers for an object's content: the verdict of validation (422) or of
-# decoding (400: a field of the wrong type, an unknown field under strict validation). Anything
-# else (403, 409, 5xx, a lost connection) may pass on its own and is retried as before.
+# decoding (400). Anything else (403, 409, 5xx, a lost connection) may pass on its own and is
+# retried as before, but one 500: server-side apply answers a field the Deployment's schema
+# does not have (a misspelt toleration or affinity key, which the CRD passes through) or a value
+# of the wrong type with 500 "failed to create typed patch object" (kubernetes/kubernetes#122480,
+# still so in v1.35; a fix to answer 400 is proposed in #139255). Cluster.apply sends the
+# rendered dict as it is so that these reach the API server at all.
 CODES = frozenset({400, 422})
+TYPED_PATCH = "failed to create typed patch object"
 REASONS = {
     "Deployment": "InvalidPodSpec",  # what the CRD leaves to it is all in the pod template
     "Service": "InvalidService",
@@ -55,9 +61,14 @@ def message(status: Mapping[str, Any]) -> str:
     return trim(" ".join((text or status.get("reason") or "refused").split()))
 
 
-def refused(code: int | None) -> bool:
+def refused(code: int | None, message: str | None = None) -> bool:
     """Whether an API error is a verdict on the object's content."""
-    return code in CODES
+    return code in CODES or (code == 500 and (message or "").startswith(TYPED_PATCH))
+
+
+def is_reason(reason: str) -> bool:
+    """Whether a Degraded reason is a refusal's."""
+    return reason in REASONS.values()
 
 
 def record(kind: str, status: Mapping[str, Any], generation: int) -> str:

@@ -171,13 +171,19 @@ def merge(old: list[dict], new: list[Condition], now: str, generation: int) -> l
 
 def changed(old: list[dict], new: list[dict]) -> list[dict]:
     """Conditions whose status or reason differ from before: each deserves an Event, except
-    ScalingLimited (each scale has its own Event, naming the bounds when they clamp it)."""
+    ScalingLimited (each scale has its own Event, naming the bounds when they clamp it). And
+    Degraded when the API server refused a new spec for a new cause: the reason stays
+    InvalidPodSpec, but the refusal is news (the spec that changed is refused again)."""
     before = {c["type"]: (c["status"], c.get("reason")) for c in old}
-    return [
-        c
-        for c in new
-        if before.get(c["type"]) != (c["status"], c.get("reason")) and c["type"] != "ScalingLimited"
-    ]
+    messages = {c["type"]: c.get("message") for c in old}
+
+    def news(c: dict) -> bool:
+        if before.get(c["type"]) != (c["status"], c.get("reason")):
+            return c["type"] != "ScalingLimited"
+        refused = c["type"] == "Degraded" and rejection.is_reason(c.get("reason", ""))
+        return refused and messages.get(c["type"]) != c.get("message")
+
+    return [c for c in new if news(c)]
 
 
 def is_warning(condition: dict) -> bool:

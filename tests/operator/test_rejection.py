@@ -6,7 +6,7 @@ import json
 
 from kvpilot_operator import crd, rejection
 from kvpilot_operator.fit import Fit
-from kvpilot_operator.status import status
+from kvpilot_operator.status import changed, status
 
 NOW = "2026-11-30T10:00:00Z"
 FITS = Fit(True, "fits")
@@ -76,6 +76,23 @@ def test_the_message_is_the_api_servers_trimmed_or_its_causes():
 def test_only_verdicts_on_content_are_refusals():
     assert rejection.refused(422) and rejection.refused(400)
     assert not any(rejection.refused(code) for code in (403, 404, 409, 500, 503, None))
+    # Server-side apply's answer to a misspelt toleration key (kube-apiserver v1.35).
+    typed = "failed to create typed patch object (ns/m; apps/v1, Kind=Deployment): .spec."
+    assert rejection.refused(500, typed + "template.spec.tolerations[0].bogus: field not declared")
+    assert not rejection.refused(500, "etcdserver: request timed out")
+
+
+def _degraded(reason: str, message: str) -> dict:
+    return {"type": "Degraded", "status": "True", "reason": reason, "message": message}
+
+
+def test_a_new_refusal_is_news_even_with_the_same_reason():
+    first, second = _degraded("InvalidPodSpec", "one"), _degraded("InvalidPodSpec", "two")
+    assert changed([first], [second]) == [second]
+    assert changed([second], [second]) == []  # the same refusal (a resumed reconcile): no Event
+    # Other causes keep announcing flips only: a pod's message names the pod, and pods change.
+    busy, busier = _degraded("Unschedulable", "pod a"), _degraded("Unschedulable", "pod b")
+    assert changed([busy], [busier]) == []
 
 
 def test_the_annotation_round_trips_and_junk_is_ignored():
