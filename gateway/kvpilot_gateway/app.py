@@ -1,13 +1,13 @@
 """The gateway's routes: the OpenAI API in front of every watched model, the probes, /metrics.
 
-A completion request is read (bounded, as the server reads it), its `model` resolved in the
-catalog, and sent to one ready replica the balancer picks; if that replica fails before sending
-its first byte the request goes to another (nothing reached the client yet, so a retry cannot
-duplicate output). A model with no ready replica holds the request (holding.py) while the
-operator scales it up. Errors are answered in OpenAI's shape, as the server answers them.
+A completion request is read (bounded, as the server reads it, and its bytes counted against
+the gateway's body budget), reduced to what routing needs (target.py), its `model` resolved in
+the catalog, and sent to one ready replica the balancer picks; if that replica fails before
+sending its first byte the request goes to another (nothing reached the client yet, so a retry
+cannot duplicate output). A model with no ready replica holds the request (holding.py) while
+the operator scales it up. Errors are answered in OpenAI's shape, as the server answers them.
 """
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -20,21 +20,28 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kvpilot_gateway.balance import Balancer, prefix_key
+from kvpilot_gateway import headers, target
+from kvpilot_gateway.balance import Balancer
+from kvpilot_gateway.budget import BodyBudget
 from kvpilot_gateway.catalog import Catalog, Model
 from kvpilot_gateway.holding import Holds, StartingError
 from kvpilot_gateway.load import Loads
 from kvpilot_gateway.metrics import GatewayMetrics
 from kvpilot_gateway.options import Settings
-from kvpilot_gateway.proxy import UPSTREAM_ERRORS, Passthrough, open_upstream, unless_disconnected
+from kvpilot_gateway.proxy import (
+    UPSTREAM_ERRORS,
+    Passthrough,
+    UpstreamTimeout,
+    open_upstream,
+    unless_disconnected,
+)
 from kvpilot_server.api.auth import ApiKeyMiddleware
 from kvpilot_server.api.body import read_body
 from kvpilot_server.api.errors import error_response, from_exception
-from kvpilot_server.errors import InvalidRequestError, KvpilotError, OverloadedError
+from kvpilot_server.errors import KvpilotError, ModelNotFoundError, OverloadedError
 
 log = logging.getLogger("kvpilot.gateway")
 CLIENT_CLOSED = 499  # nginx's code for a client that left; only metrics and logs see it
-BODY_TIMEOUT = 30.0
 
 
 class State:
@@ -42,7 +49,8 @@ class State:
 
     def __init__(self, settings: Settings, client: aiohttp.ClientSession | None, announce) -> None:
         self.settings, self.client = settings, client
-        self.catalog = Catalog()
+        self.catalog = Catalog(settings.names)
+        self.bodies = BodyBudget(settings.max_held_bytes)
         self.loads = Loads()
         self.balancer = Balancer(settings.routing, settings.load_factor)
         self.metrics = GatewayMetrics()
@@ -54,17 +62,9 @@ class State:
     def usable(self, model: Model) -> list[str]:
         return [e for e in self.catalog.endpoints(model.key) if not self.loads.is_down(e)]
 
-
-def _parse(body: bytes) -> dict:
-    try:
-        parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"Request body is not valid JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidRequestError("Request body must be a JSON object")
-    if not isinstance(parsed.get("model"), str) or not parsed["model"]:
-        raise InvalidRequestError("model: a model name is required", "model")
-    return parsed
+    def on_drain(self) -> None:
+        """The drain began (serve.draining_server): held requests are answered now."""
+        self.holds.close()
 
 
 def build_app(state: State) -> Starlette:
@@ -72,37 +72,49 @@ def build_app(state: State) -> Starlette:
 
     async def complete(request: Request) -> Response:
         if state.draining:
-            return error_response(503, "Draining: this gateway replica is shutting down")
-        try:
-            body = await read_body(request, BODY_TIMEOUT)
-            parsed = _parse(body)
-            model = catalog.resolve(parsed["model"])
-        except KvpilotError as exc:
-            metrics.unrouted.labels(type(exc).__name__).inc()
-            return from_exception(exc)
-        except ClientDisconnect:
-            metrics.unrouted.labels("ClientDisconnect").inc()
-            return Response(status_code=CLIENT_CLOSED)
-        if parsed["model"] != model.served:  # namespace-qualified: the replica knows its name
-            body = json.dumps({**parsed, "model": model.served}).encode()
-        key = (
-            prefix_key(parsed, settings.prefix_chars) if settings.routing == "prefix-load" else None
-        )
+            return _with_retry_after(503, "Draining: this gateway replica is shutting down", 1)
+        # Taken before the body is read: nothing a chunked body's trailer says is forwarded.
+        sent = list(request.headers.raw)
         # Counted until the answer's last byte (Passthrough's end), for the drain.
         state.in_flight += 1
         response: Response | Passthrough | None = None
         try:
-            response = await _route(request, model, body, key)
-            return response  # type: ignore[return-value]
+            with state.bodies.lease() as lease:
+                try:
+                    wanted = await _read(request, lease.add)
+                    model = catalog.resolve(wanted.model)
+                except KvpilotError as exc:
+                    metrics.unrouted.labels(type(exc).__name__).inc()
+                    return _refused(exc)
+                except ClientDisconnect:
+                    metrics.unrouted.labels("ClientDisconnect").inc()
+                    return Response(status_code=CLIENT_CLOSED)
+                client = request.scope.get("client")
+                upstream_headers = headers.to_replica(
+                    sent,
+                    client[0] if client else None,
+                    request.url.scheme,
+                    settings.trusted_proxies,
+                )
+                response = await _route(request, model, wanted, upstream_headers)
+                return response  # type: ignore[return-value]
         finally:
             if not isinstance(response, Passthrough):
                 state.in_flight -= 1
 
+    async def _read(request: Request, reserve: Callable[[int], None]) -> target.Target:
+        body = await read_body(request, settings.body_timeout, reserve=reserve)
+        chars = settings.prefix_chars if settings.routing == "prefix-load" else None
+        return target.parse(body, chars)
+
     async def _route(
-        request: Request, model: Model, body: bytes, key: bytes | None
+        request: Request, model: Model, wanted: target.Target, sent: list[tuple[bytes, bytes]]
     ) -> Response | Passthrough:
         labels = model.key
         count = metrics.requests.labels
+        body = target.renamed(wanted, model.served).body  # the replica knows only its name
+        key = wanted.key
+        del wanted
         tried: set[str] = set()
         for attempt in range(settings.retries + 1):
             endpoints = [e for e in state.usable(model) if e not in tried]
@@ -123,8 +135,11 @@ def build_app(state: State) -> Starlette:
                     count(*labels, "overloaded").inc()
                     return _with_retry_after(429, str(exc), exc.retry_after)
                 except StartingError as exc:
-                    count(*labels, "starting").inc()
+                    count(*labels, "draining" if state.draining else "starting").inc()
                     return _with_retry_after(503, str(exc), exc.retry_after)
+                except ModelNotFoundError as exc:
+                    count(*labels, "deleted").inc()
+                    return from_exception(exc)
                 except ClientDisconnect:
                     count(*labels, "client_closed").inc()
                     return Response(status_code=CLIENT_CLOSED)
@@ -140,13 +155,27 @@ def build_app(state: State) -> Starlette:
             try:
                 assert state.client is not None  # opened by the lifespan, before any request
                 send = open_upstream(
-                    state.client, endpoint, request.url.path, body, request.headers.raw
+                    state.client,
+                    endpoint,
+                    request.url.path,
+                    body,
+                    sent,
+                    settings.upstream_timeout,
                 )
                 upstream = await unless_disconnected(send, request.receive)
             except ClientDisconnect:
                 state.loads.end(endpoint)
                 count(*labels, "client_closed").inc()
                 return Response(status_code=CLIENT_CLOSED)
+            except UpstreamTimeout:  # it may be generating: no retry, which could repeat it
+                state.loads.end(endpoint)
+                count(*labels, "upstream_timeout").inc()
+                log.warning("replica %s of %s/%s sent nothing in time", endpoint, *labels)
+                return error_response(
+                    504,
+                    f"The replica of {model.served!r} did not start answering within "
+                    f"{settings.upstream_timeout:g} s",
+                )
             except UPSTREAM_ERRORS as exc:  # nothing reached the client: another replica
                 state.loads.end(endpoint)
                 state.loads.mark_down(endpoint)
@@ -160,7 +189,8 @@ def build_app(state: State) -> Starlette:
                 tried.add(endpoint)
                 continue
             metrics.upstream_seconds.labels(*labels).observe(time.perf_counter() - started)
-            return Passthrough(upstream, _finish(endpoint, model, upstream.status))
+            done = _finish(endpoint, model, upstream.status)
+            return Passthrough(upstream, done, settings.upstream_idle_timeout)
         count(*labels, "upstream_error").inc()
         return _with_retry_after(
             503, f"No replica of the model {model.served!r} answered; retry the request", 1
@@ -182,9 +212,8 @@ def build_app(state: State) -> Starlette:
 
     async def models(_: Request) -> Response:
         cards = []
-        for model in sorted(catalog.models.values(), key=lambda m: m.key):
+        for name, model in catalog.listed():
             ready = len(state.usable(model))
-            name = model.qualified if catalog.ambiguous(model) else model.served
             cards.append(
                 {
                     "id": name,
@@ -229,6 +258,13 @@ def build_app(state: State) -> Starlette:
             Route("/ready", ready, methods=["GET"]),
         ],
     )
+
+
+def _refused(exc: KvpilotError) -> Response:
+    response = from_exception(exc)
+    if isinstance(exc, OverloadedError):  # the budget refused a body mid-read: it is unread
+        response.headers["Connection"] = "close"
+    return response
 
 
 def _with_retry_after(status: int, message: str, seconds: int) -> Response:

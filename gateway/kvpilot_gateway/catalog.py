@@ -2,8 +2,9 @@
 their Services, as the watches report them (watch.py feeds it). Pure: no I/O; one writer, the
 event loop.
 
-A request names a model the way clients of one server do: its served model name. The same name
-in two namespaces is ambiguous, and then only `namespace/name` finds it. Endpoints are the
+A request names a model the way clients of one server do: its served model name, or
+`namespace/served name`; names.py decides which ModelDeployment answers when several could.
+Endpoints are the
 ModelDeployment's pods that are Ready and not terminating, with their pod IP: the rule the
 Service's endpoint controller applies. (The gateway watches the operator's pods rather than
 EndpointSlices because the readiness is the same and an EndpointSlice can never hold a loopback
@@ -14,6 +15,7 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvpilot_gateway import names
 from kvpilot_operator.engine_flags import PORT
 from kvpilot_operator.naming import INSTANCE_LABEL
 from kvpilot_server.errors import ModelNotFoundError
@@ -31,6 +33,7 @@ class Model:
     replicas: int  # spec.replicas: 0 means scaled to zero
     autoscaling: bool  # can anything wake it from zero?
     ready_replicas: int = 0  # status.readyReplicas, for /v1/models
+    created: str = ""  # metadata.creationTimestamp: the older of two namesakes keeps the name
     annotations: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -52,6 +55,7 @@ def model_from(md: dict) -> Model:
         replicas=int(spec.get("replicas", 1)),
         autoscaling=bool((spec.get("autoscaling") or {}).get("enabled")),
         ready_replicas=int((md.get("status") or {}).get("readyReplicas") or 0),
+        created=str(meta.get("creationTimestamp") or ""),
         annotations=dict(meta.get("annotations") or {}),
     )
 
@@ -74,23 +78,27 @@ def endpoint_of(pod: dict) -> tuple[str, str | None]:
 
 
 class Catalog:
-    def __init__(self) -> None:
+    def __init__(self, policy: names.Policy | None = None) -> None:
+        self.policy = policy or names.Policy()
         self.models: dict[Key, Model] = {}
         # (namespace, pod name) -> (ModelDeployment name, endpoint if it takes requests)
         self.pods: dict[Key, tuple[str, str | None]] = {}
         # Every request asks for its model's endpoints: kept per model, dropped when it changes.
         self._endpoints: dict[Key, list[str]] = {}
         self._changed: dict[Key, asyncio.Event] = {}
+        self._by_served: dict[str, list[Model]] | None = None
 
     # -- the watches' side ----------------------------------------------------------------------
 
     def set_model(self, md: dict) -> None:
         model = model_from(md)
         self.models[model.key] = model
+        self._by_served = None
         self._wake(model.key)
 
     def drop_model(self, namespace: str, name: str) -> None:
         self.models.pop((namespace, name), None)
+        self._by_served = None
         self._wake((namespace, name))
 
     def set_pod(self, pod: dict) -> None:
@@ -123,6 +131,7 @@ class Catalog:
         if mds is not None:
             gone = {k for k in self.models if covered(k)}
             self.models = {k: m for k, m in self.models.items() if not covered(k)}
+            self._by_served = None
             for md in mds:
                 self.set_model(md)
             for key in gone - set(self.models):
@@ -139,24 +148,41 @@ class Catalog:
     # -- the requests' side ---------------------------------------------------------------------
 
     def resolve(self, requested: str) -> Model:
-        """The model a request names: `served name`, or `namespace/served name`."""
-        namespace, _, served = requested.rpartition("/")
-        found = [
-            m
-            for m in self.models.values()
-            if m.served == served and (not namespace or m.namespace == namespace)
-        ]
-        if len(found) == 1:
-            return found[0]
-        if not found:
-            raise ModelNotFoundError(f"The model {requested!r} does not exist")
-        names = ", ".join(sorted(m.qualified for m in found))
-        raise ModelNotFoundError(
-            f"The model {requested!r} is served in several namespaces: name one of {names}"
+        """The model a request names: `served name`, or `namespace/served name` (names.py)."""
+        found = names.owner(
+            names.candidates(requested, self._namesakes(requested), self.policy),
+            self.policy.prefer,
         )
+        if found is None:
+            raise ModelNotFoundError(f"The model {requested!r} does not exist")
+        return found  # type: ignore[return-value]
 
-    def ambiguous(self, model: Model) -> bool:
-        return sum(1 for m in self.models.values() if m.served == model.served) > 1
+    def _namesakes(self, requested: str) -> list[Model]:
+        """The models serving either reading of the name (a served-name index, rebuilt after a
+        model changes: /v1/models resolves every name)."""
+        if self._by_served is None:
+            self._by_served = {}
+            for model in self.models.values():
+                self._by_served.setdefault(model.served, []).append(model)
+        exact, qualified = names.readings(requested)
+        found = list(self._by_served.get(exact, ()))
+        if qualified is not None:
+            found += self._by_served.get(qualified[1], ())
+        return found
+
+    def listed(self) -> list[tuple[str, Model]]:
+        """(the name that finds it, model) for every model the policy lets serve: its served
+        name where it owns that, else namespace-qualified."""
+        out = []
+        for model in sorted(self.models.values(), key=lambda m: m.key):
+            if not self.policy.allowed(model):
+                continue
+            try:
+                owns = self.resolve(model.served) is model
+            except ModelNotFoundError:
+                owns = False
+            out.append((model.served if owns else model.qualified, model))
+        return out
 
     def endpoints(self, key: Key) -> list[str]:
         """The ModelDeployment's pods that take requests, as "ip:port"."""

@@ -1,6 +1,8 @@
 """`kvpilot gateway`: settings from the flags, the watches, the load scraper and the announcer
-started with the app and stopped with it, uvicorn with the server's drain (on SIGTERM /ready
-fails and new requests get 503 while in-flight ones, streams included, finish)."""
+started with the app and stopped with it, uvicorn with the server's HTTP protocol (its header
+size limit and header timeout) and the server's drain (on SIGTERM /ready fails, held requests
+get 503 and new ones too, while in-flight ones, streams included, finish within the drain
+timeout)."""
 
 import argparse
 import asyncio
@@ -35,11 +37,23 @@ def run_gateway(args: argparse.Namespace) -> int:
         return 1
     import uvicorn
 
+    from kvpilot_server.api.http_protocol import with_header_timeout
     from kvpilot_server.serve import draining_server
 
-    settings = options.settings(args, keys)
+    try:
+        settings = options.settings(args, keys)
+    except ValueError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
     app = create_app(settings)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        access_log=False,
+        http=with_header_timeout(args.header_timeout),
+    )
     server = draining_server()(config, app.state.gateway, args.drain_timeout)
     try:
         server.run()

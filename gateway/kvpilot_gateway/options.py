@@ -2,11 +2,16 @@
 its parser before knowing whether the gateway extra is installed."""
 
 import argparse
+import ipaddress
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from kvpilot_gateway.names import Policy, parse_reservations
+from kvpilot_server.http_limits import BODY_TIMEOUT, add_http_limit_args
 
 ROUTING = ("prefix-load", "least-load", "round-robin")
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -20,9 +25,18 @@ class Settings:
     hold_timeout: float = 300.0
     scrape_interval: float = 1.0
     upstream_connect_timeout: float = 5.0
+    # A non-streamed completion sends nothing until it is done: the first byte may take as
+    # long as the whole generation, so this bound sits above any replica's request timeout.
+    upstream_timeout: float = 600.0
+    upstream_idle_timeout: float = 120.0  # silence between two chunks of an answer
     retries: int = 2  # other replicas tried when one fails before answering
     gateway_id: str = "gateway"
     api_keys: tuple[str, ...] = ()
+    body_timeout: float = BODY_TIMEOUT
+    # Request bodies in memory at once (being read, held for a starting model, being sent).
+    max_held_bytes: int = 32 << 20
+    names: Policy = field(default_factory=Policy)
+    trusted_proxies: tuple[Network, ...] = ()  # whose X-Forwarded-For / Forwarded are kept
 
 
 def add_gateway_args(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +86,50 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         help="seconds a request waits for its model to start; then 503",
     )
     parser.add_argument(
+        "--max-held-bytes",
+        type=int,
+        default=32 << 20,
+        help="bytes of request bodies the gateway keeps in memory at once (read, held for a "
+        "starting model, or being sent); a request past it gets 429",
+    )
+    parser.add_argument(
+        "--upstream-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a replica may take to start answering (a non-streamed completion "
+        "answers when it is done); then 504",
+    )
+    parser.add_argument(
+        "--upstream-idle-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a replica may stay silent mid-answer; then the stream ends with an "
+        "error event (504)",
+    )
+    parser.add_argument(
+        "--reserve",
+        action="append",
+        default=[],
+        metavar="PATTERN=NAMESPACE[,NAMESPACE...]",
+        help="served names matching PATTERN (fnmatch: 'meta-llama/*') are served only from "
+        "these namespaces; elsewhere they are ignored (repeatable)",
+    )
+    parser.add_argument(
+        "--prefer-namespace",
+        action="append",
+        default=[],
+        help="when models in several namespaces answer to one name, this namespace's wins "
+        "(repeatable, first wins); otherwise the oldest ModelDeployment keeps the name",
+    )
+    parser.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="peers whose X-Forwarded-For and Forwarded headers are kept and extended "
+        "(an ingress controller's addresses); everyone else's are replaced (repeatable)",
+    )
+    parser.add_argument(
         "--scrape-interval",
         type=float,
         default=1.0,
@@ -92,8 +150,10 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         "--drain-timeout",
         type=float,
         default=30.0,
-        help="seconds to let in-flight requests finish after SIGTERM",
+        help="seconds to let in-flight requests finish after SIGTERM; held requests get 503 "
+        "at once, and whatever is still open at the end is cut",
     )
+    add_http_limit_args(parser)
     parser.add_argument(
         "--gateway-id",
         default=os.environ.get("POD_NAME") or socket.gethostname(),
@@ -103,6 +163,11 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
 
 
 def settings(args: argparse.Namespace, api_keys: list[str]) -> Settings:
+    """ValueError saying which flag is wrong."""
+    try:
+        proxies = tuple(ipaddress.ip_network(c, strict=False) for c in args.trusted_proxy)
+    except ValueError as exc:
+        raise ValueError(f"--trusted-proxy: {exc}") from None
     return Settings(
         namespaces=tuple(args.namespace),
         routing=args.routing,
@@ -115,4 +180,10 @@ def settings(args: argparse.Namespace, api_keys: list[str]) -> Settings:
         retries=args.retries,
         gateway_id=args.gateway_id,
         api_keys=tuple(api_keys),
+        body_timeout=args.body_timeout,
+        max_held_bytes=args.max_held_bytes,
+        upstream_timeout=args.upstream_timeout,
+        upstream_idle_timeout=args.upstream_idle_timeout,
+        names=Policy(parse_reservations(args.reserve), tuple(args.prefer_namespace)),
+        trusted_proxies=proxies,
     )

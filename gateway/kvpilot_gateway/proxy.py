@@ -3,8 +3,10 @@
 Nothing is buffered: a stream's events reach the client as the replica writes them. The client
 leaving (before the replica answered, or mid-stream) closes the upstream connection at once,
 which makes the replica abort the request and free its KV cache. A replica that breaks
-mid-stream ends a stream with an error event in OpenAI's shape, as the server itself ends one
-whose request failed; any other body is cut, so the client sees it incomplete.
+mid-stream, or stays silent past the idle timeout, ends a stream with an error event in
+OpenAI's shape, as the server itself ends one whose request failed; any other body is cut, so
+the client sees it incomplete. One that does not start answering within the upstream timeout
+gets the client a 504 (not a retry: it may be generating).
 """
 
 import asyncio
@@ -16,28 +18,10 @@ import aiohttp
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from kvpilot_gateway.headers import end_to_end
 from kvpilot_server.api.errors import error_response
 
-# Per hop: never forwarded (RFC 9110 7.6.1), and Host/length are the hop's own.
-HOP_HEADERS = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
 T = TypeVar("T")
-
-
-def forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in headers if k.decode("latin-1").lower() not in HOP_HEADERS]
 
 
 async def until_disconnect(receive: Receive) -> None:
@@ -61,8 +45,8 @@ async def unless_disconnected(work: Awaitable[T], receive: Receive) -> T:
     raise ClientDisconnect()
 
 
-def error_event(message: str) -> bytes:
-    body = json.loads(error_response(502, message).body)
+def error_event(message: str, status: int = 502) -> bytes:
+    body = json.loads(error_response(status, message).body)
     return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
 
 
@@ -70,18 +54,24 @@ def error_event(message: str) -> bytes:
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
 
+class UpstreamTimeout(Exception):
+    """The replica took the request but sent nothing within the upstream timeout."""
+
+
 class Passthrough:
     """The ASGI response that relays an upstream aiohttp response whose body is still to read.
     `done(outcome)` runs once at the end: ok, client_closed or upstream_error."""
 
-    def __init__(self, upstream: aiohttp.ClientResponse, done: Callable[[str], None]) -> None:
-        self.upstream, self.done = upstream, done
+    def __init__(
+        self, upstream: aiohttp.ClientResponse, done: Callable[[str], None], idle_timeout: float
+    ) -> None:
+        self.upstream, self.done, self.idle_timeout = upstream, done, idle_timeout
         content_type = upstream.headers.get("content-type", "")
         self.sse = content_type.startswith("text/event-stream")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome = "upstream_error"
-        headers = forward_headers(list(self.upstream.raw_headers))
+        headers = end_to_end(self.upstream.raw_headers)
         try:
             await send(
                 {
@@ -100,7 +90,7 @@ class Passthrough:
                 return
             left.cancel()
             outcome = relay.result()
-            if outcome == "upstream_error" and not self.sse:
+            if outcome in ("upstream_error", "upstream_timeout") and not self.sse:
                 raise ConnectionError("the replica closed the connection mid-body")
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
@@ -111,14 +101,24 @@ class Passthrough:
             self.done(outcome)
 
     async def _relay(self, send: Send) -> str:
+        content = self.upstream.content
         try:
-            async for chunk in self.upstream.content.iter_any():
+            while chunk := await asyncio.wait_for(content.readany(), self.idle_timeout):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except UPSTREAM_ERRORS:
+        except UPSTREAM_ERRORS as exc:
+            timed_out = type(exc) is TimeoutError  # wait_for's, not a socket's
             if self.sse:
-                event = error_event("The model replica failed mid-stream; retry the request")
+                event = (
+                    error_event(
+                        f"The model replica sent nothing for {self.idle_timeout:g} s; "
+                        "retry the request",
+                        504,
+                    )
+                    if timed_out
+                    else error_event("The model replica failed mid-stream; retry the request")
+                )
                 await send({"type": "http.response.body", "body": event, "more_body": True})
-            return "upstream_error"
+            return "upstream_timeout" if timed_out else "upstream_error"
         return "ok"
 
 
@@ -128,8 +128,17 @@ async def open_upstream(
     path: str,
     body: bytes,
     headers: list[tuple[bytes, bytes]],
+    timeout: float,
 ) -> aiohttp.ClientResponse:
-    """Send the request; the response with its headers, its body still to read. Header
-    values are passed through as received (latin-1, as HTTP carries them)."""
-    forwarded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in forward_headers(headers)]
-    return await client.post(f"http://{endpoint}{path}", data=body, headers=forwarded)
+    """Send the request (`headers` as the replica gets them, headers.to_replica()); the
+    response with its headers, its body still to read. UpstreamTimeout when it has not
+    started answering within `timeout`. Header values pass as received (latin-1, as HTTP
+    carries them)."""
+    forwarded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+    send = client.post(f"http://{endpoint}{path}", data=body, headers=forwarded)
+    try:
+        return await asyncio.wait_for(send, timeout)
+    except TimeoutError as exc:
+        if isinstance(exc, aiohttp.ClientError):  # aiohttp's own connect timeout: a retry
+            raise
+        raise UpstreamTimeout() from None

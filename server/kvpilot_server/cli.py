@@ -5,6 +5,7 @@ import sys
 
 from kvpilot_server.engine_args import add_engine_args
 from kvpilot_server.extras import missing_extra
+from kvpilot_server.http_limits import add_http_limit_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,19 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds before a request is aborted with 408; a ceiling: a request's own "
         "timeout may shorten it, never extend it",
     )
-    serve.add_argument(
-        "--header-timeout",
-        type=float,
-        default=10.0,
-        help="seconds a client may take to send a request's line and headers; then the "
-        "connection is closed (a slow client must not hold a connection forever)",
-    )
-    serve.add_argument(
-        "--body-timeout",
-        type=float,
-        default=30.0,
-        help="seconds a client may stay silent while sending a request body; then 408",
-    )
+    add_http_limit_args(serve)
     serve.add_argument(
         "--context-overflow",
         choices=["reject", "truncate-oldest"],

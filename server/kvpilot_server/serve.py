@@ -82,15 +82,19 @@ def _cannot_start(reason: str, exc: Exception) -> int:
 
 def draining_server():
     """uvicorn's Server with a drain; `admission` is anything with `draining` and `in_flight`
-    (the gateway drains the same way)."""
+    (the gateway drains the same way), and optionally `on_drain()`, called on the event loop
+    when the drain starts (the gateway answers its held requests then)."""
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
         """On the first SIGTERM/SIGINT keep serving while in-flight requests finish (new ones
-        get 503 and /ready fails, so Kubernetes stops routing here), then exit; a second
-        signal exits at once."""
+        get 503 and /ready fails, so Kubernetes stops routing here), then exit: at the drain
+        timeout at the latest, whatever is still open (uvicorn alone would wait for every
+        connection, however long a stream runs). A second signal exits at once."""
 
         def __init__(self, config, admission, drain_timeout: float) -> None:
+            # What is left after the drain is cut, not waited for.
+            config.timeout_graceful_shutdown = EXIT_GRACE_SECONDS
             super().__init__(config)
             self.admission, self.drain_timeout = admission, drain_timeout
 
@@ -105,9 +109,17 @@ def draining_server():
             )
 
         async def _drain(self) -> None:
+            on_drain = getattr(self.admission, "on_drain", None)
+            if on_drain is not None:
+                on_drain()
             deadline = time.monotonic() + self.drain_timeout
             while self.admission.in_flight > 0 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             self.should_exit = True
 
     return DrainingServer
+
+
+# After the drain (or with nothing in flight): uvicorn's own shutdown closes idle connections
+# and waits at most this long for the rest before cancelling them.
+EXIT_GRACE_SECONDS = 1

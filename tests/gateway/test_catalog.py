@@ -8,13 +8,20 @@ from kvpilot_gateway.catalog import Catalog, endpoint_of
 from kvpilot_server.errors import ModelNotFoundError
 
 
-def md(namespace: str, name: str, served: str | None = None, replicas: int = 1) -> dict:
+def md(
+    namespace: str,
+    name: str,
+    served: str | None = None,
+    replicas: int = 1,
+    autoscaling: bool = True,
+    created: str = "2026-11-01T00:00:00Z",
+) -> dict:
     model = {"source": "builtin://smollm2-135m-instruct"}
     if served:
         model["servedModelName"] = served
     return {
-        "metadata": {"namespace": namespace, "name": name},
-        "spec": {"model": model, "replicas": replicas, "autoscaling": {"enabled": True}},
+        "metadata": {"namespace": namespace, "name": name, "creationTimestamp": created},
+        "spec": {"model": model, "replicas": replicas, "autoscaling": {"enabled": autoscaling}},
     }
 
 
@@ -53,14 +60,14 @@ def test_a_model_is_found_by_its_served_name_or_namespace_qualified():
         catalog.resolve("team-b/llama-3")
 
 
-def test_the_same_name_in_two_namespaces_needs_the_namespace():
+def test_the_same_name_in_two_namespaces_goes_to_the_older_and_both_stay_reachable():
     catalog = Catalog()
-    catalog.set_model(md("team-a", "chat"))
-    catalog.set_model(md("team-b", "chat"))
-    with pytest.raises(ModelNotFoundError, match="team-a/chat, team-b/chat"):
-        catalog.resolve("chat")
+    catalog.set_model(md("team-b", "chat", created="2026-11-01T00:00:00Z"))
+    catalog.set_model(md("team-a", "chat", created="2026-11-02T00:00:00Z"))
+    assert catalog.resolve("chat").namespace == "team-b"
+    assert catalog.resolve("team-a/chat").namespace == "team-a"
     assert catalog.resolve("team-b/chat").namespace == "team-b"
-    assert catalog.ambiguous(catalog.resolve("team-a/chat"))
+    assert [name for name, _ in catalog.listed()] == ["team-a/chat", "chat"]
 
 
 def test_only_ready_pods_with_an_ip_that_are_not_going_take_requests():

@@ -8,15 +8,22 @@ surrogates, NaN and Infinity, integers beyond the parser's range and absurd nest
 """
 
 import asyncio
+from collections.abc import Callable
 
 from starlette.requests import ClientDisconnect, Request
 
 from kvpilot_server.errors import BodyTimeoutError, PayloadTooLargeError
+from kvpilot_server.http_limits import MAX_BODY_BYTES
 
-MAX_BODY_BYTES = 4 << 20
 
-
-async def read_body(request: Request, timeout: float | None, limit: int = MAX_BODY_BYTES) -> bytes:
+async def read_body(
+    request: Request,
+    timeout: float | None,
+    limit: int = MAX_BODY_BYTES,
+    reserve: Callable[[int], None] | None = None,
+) -> bytes:
+    """The whole body. `reserve(n)` is told each chunk's size before it is kept (the gateway
+    bounds the bytes of all bodies it holds) and may raise to refuse it."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(f"Request body exceeds {limit} bytes")
@@ -35,6 +42,8 @@ async def read_body(request: Request, timeout: float | None, limit: int = MAX_BO
         size += len(chunk)
         if size > limit:
             raise PayloadTooLargeError(f"Request body exceeds {limit} bytes")
+        if reserve is not None:
+            reserve(len(chunk))
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

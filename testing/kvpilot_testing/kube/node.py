@@ -8,6 +8,7 @@ port, reported as the pod's IP once it answers, as a kubelet starts the containe
 given the address and the pod, so the server can follow the pod's container args (the served
 model name the gateway routes by)."""
 
+import itertools
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -26,6 +27,11 @@ Serve = Callable[[str, dict], Any]
 # The IP of a pod without a server: loopback, where nothing listens on the pod port, so a scrape
 # of it is refused at once.
 NO_SERVER = "127.0.0.254"
+# One sequence for every Node of the process: two Nodes (two namespaces' tests, or one test's
+# two) must never hand out one address, or a readiness check could be answered by a server of
+# the other namespace. A stopped server's address is not reused within the process either.
+_ADDRESSES = itertools.count(20)
+_ADDRESSES_LOCK = threading.Lock()
 
 
 def _now() -> str:
@@ -100,7 +106,6 @@ class Node:
         self.schedulable = True
         self.unschedulable_message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
         self.servers: dict[str, tuple[Any, str]] = {}  # pod name -> (server, address)
-        self._next_address = 20
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
@@ -137,18 +142,24 @@ class Node:
         self._report(name, running(pod, address))
 
     def _free_address(self) -> str:
-        """The next 127.0.0.x whose pod port nobody listens on: another test run on this machine
-        (its own Node counts from the same start) must not answer for this pod."""
-        while self._next_address < 250:
-            address = f"127.0.0.{self._next_address}"
-            self._next_address += 1
+        """The next 127.0.x.y of this process whose pod port nobody listens on: another test run
+        on this machine (its own process counts from the same start) must not answer for this
+        pod either."""
+        while True:
+            with _ADDRESSES_LOCK:
+                n = next(_ADDRESSES)
+            if n >= 250 * 250:
+                break
+            address = f"127.0.{n // 250}.{n % 250}"
+            if n % 250 < 20 or address == NO_SERVER:
+                continue  # 127.0.0.1 and the low addresses belong to the tests' other servers
             with socket.socket() as probe:
                 try:
                     probe.bind((address, PORT))
                 except OSError:
                     continue
             return address
-        raise RuntimeError("no free 127.0.0.x address left for a pod")
+        raise RuntimeError("no free 127.0.x.y address left for a pod")
 
     def _report(self, name: str, status: dict) -> None:
         self.cluster.patch(PODS, name, {"status": status}, "status")

@@ -1,0 +1,92 @@
+"""Which headers cross the gateway, each way. Pure.
+
+Hop-by-hop headers belong to one connection (RFC 9110 7.6.1): the fixed list, and every header
+the `Connection` header names, are never forwarded, in either direction. A client's
+`X-Forwarded-*` and `Forwarded` are what it claims about itself: kept (and extended) only from a
+trusted proxy (an ingress controller's addresses, --trusted-proxy), otherwise replaced with what
+the gateway saw, so a replica's logs and rate limits see the real peer.
+"""
+
+import ipaddress
+from collections.abc import Sequence
+
+from kvpilot_gateway.options import Network
+
+Headers = list[tuple[bytes, bytes]]
+
+HOP_HEADERS = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",  # the hop's own, as is the length: aiohttp sets both
+        b"content-length",
+    }
+)
+FORWARDING = frozenset(
+    {b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"x-real-ip"}
+)
+
+
+def end_to_end(headers: Sequence[tuple[bytes, bytes]]) -> Headers:
+    """Without the hop-by-hop ones, the fixed list's and those `Connection` names."""
+    named = {
+        token.strip().lower()
+        for k, v in headers
+        if k.lower() == b"connection"
+        for token in v.split(b",")
+    }
+    return [(k, v) for k, v in headers if k.lower() not in HOP_HEADERS and k.lower() not in named]
+
+
+def trusted(peer: str | None, proxies: Sequence[Network]) -> bool:
+    if peer is None or not proxies:
+        return False
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    return any(address in network for network in proxies)
+
+
+def _node(peer: str) -> str:
+    """RFC 7239's node: IPv6 in brackets and quotes."""
+    return f'"[{peer}]"' if ":" in peer else peer
+
+
+def to_replica(
+    headers: Sequence[tuple[bytes, bytes]],
+    peer: str | None,
+    scheme: str,
+    proxies: Sequence[Network],
+) -> Headers:
+    """The request headers the replica gets from a client at `peer`."""
+    kept = end_to_end(headers)
+    from_proxy = trusted(peer, proxies)
+    claimed: dict[bytes, bytes] = {}
+    for k, v in kept if from_proxy else ():
+        if k.lower() in FORWARDING:  # repeated headers are one list (RFC 9110 5.3)
+            before = claimed.get(k.lower())
+            claimed[k.lower()] = before + b", " + v if before else v
+    out = [(k, v) for k, v in kept if k.lower() not in FORWARDING]
+    host = next((v for k, v in headers if k.lower() == b"host"), b"")
+    peer = peer or "unknown"
+    chain = claimed.get(b"x-forwarded-for")
+    out.append((b"x-forwarded-for", (chain + b", " if chain else b"") + peer.encode()))
+    proto = claimed.get(b"x-forwarded-proto") or scheme.encode()
+    out.append((b"x-forwarded-proto", proto))
+    forwarded_host = claimed.get(b"x-forwarded-host") or host
+    if forwarded_host:
+        out.append((b"x-forwarded-host", forwarded_host))
+    element = f"for={_node(peer)};proto={scheme}".encode()
+    if host and b'"' not in host:
+        element += b';host="' + host + b'"'
+    earlier = claimed.get(b"forwarded")
+    out.append((b"forwarded", (earlier + b", " if earlier else b"") + element))
+    return out

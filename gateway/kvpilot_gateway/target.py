@@ -1,0 +1,98 @@
+"""What routing needs of a request body, and nothing else: the model it names, the prefix key
+that picks a replica, and the bytes to forward.
+
+Parsed in full, a body costs many times its size: a 4 MiB body of small JSON objects is about
+100 MiB of Python objects (pydantic-core's parser, which the server uses, builds about 65 MiB
+even when told to ignore every field). So the gateway parses with the standard library's C
+scanner and keeps, of every object, only the keys routing reads: a body of small objects costs
+a few MiB while it is parsed, and nothing once the Target is made (a request held while its
+model starts keeps only the Target, whose body is the raw bytes). Arrays cannot be hooked
+that way: an array of a million empty arrays still costs about 25x its bytes for the moment of
+its parse (parses run one at a time, on the event loop; benchmarks/gateway_attacks.py
+measures both shapes).
+
+What the server's parser refuses is refused here too, with 400 before routing, rather than
+failing later as a 500 (hashing a lone surrogate) or reaching a replica: bytes that are not
+UTF-8, lone surrogate escapes, nesting past the interpreter's recursion limit, NaN and
+Infinity.
+"""
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot_gateway.balance import prefix_key
+from kvpilot_server.errors import InvalidRequestError
+
+# The keys prefix_key() and the model lookup read, at any depth; every other key is dropped as
+# its object is parsed.
+ROUTING_KEYS = frozenset({"model", "messages", "prompt", "role", "content", "type", "text"})
+# A \uD800-\uDFFF escape whose backslash is not itself escaped; group 1: its four hex digits.
+_SURROGATE = re.compile(rb"(?<!\\)(?:\\\\)*\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+@dataclass(frozen=True)
+class Target:
+    model: str  # as the client named it
+    key: bytes | None  # prefix_key() of the body; None without prefix routing
+    body: bytes  # what the replica gets
+
+
+def _routing_keys(pairs: list[tuple[str, Any]]) -> dict | None:
+    return {k: v for k, v in pairs if k in ROUTING_KEYS} or None
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_surrogates(body: bytes) -> None:
+    """Every surrogate escape is half of a pair: a high one (D800-DBFF) right before a low one
+    (DC00-DFFF). Rare in bodies, so the scan is one C regex search."""
+    expect_low_at = None
+    for match in _SURROGATE.finditer(body):
+        unit = int(match.group(1), 16)
+        start = match.end() - 6  # the backslash of this escape
+        if unit >= 0xDC00:
+            if start != expect_low_at:
+                raise ValueError("a lone low surrogate escape")
+            expect_low_at = None
+            continue
+        if expect_low_at is not None:
+            raise ValueError("a high surrogate escape without its low half")
+        expect_low_at = match.end()
+    if expect_low_at is not None:
+        raise ValueError("a high surrogate escape without its low half")
+
+
+def parse(body: bytes, prefix_chars: int | None) -> Target:
+    """`prefix_chars`: how much of the prompt's start keys the request (None: no key)."""
+    try:
+        _check_surrogates(body)
+        parsed = json.loads(
+            body.decode("utf-8"), object_pairs_hook=_routing_keys, parse_constant=_no_constants
+        )
+    except RecursionError:
+        raise InvalidRequestError("Request body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError say where
+        raise InvalidRequestError(f"Request body is not valid JSON: {exc}") from None
+    if parsed is None and body.lstrip()[:1] == b"{":
+        parsed = {}  # an object with none of the routing keys
+    if not isinstance(parsed, dict):
+        raise InvalidRequestError("Request body must be a JSON object")
+    model = parsed.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequestError("model: a model name is required", "model")
+    key = prefix_key(parsed, prefix_chars) if prefix_chars is not None else None
+    return Target(model, key, body)
+
+
+def renamed(target: Target, served: str) -> Target:
+    """The same request under the name the replica answers to (a namespace-qualified request:
+    the replica knows only its served name). Parsed again, in full: rare (the name is
+    ambiguous), and nothing is kept."""
+    if target.model == served:
+        return target
+    body = json.dumps({**json.loads(target.body), "model": served}).encode()
+    return Target(served, target.key, body)
