@@ -69,9 +69,14 @@ def operator_command(container: dict, liveness: str, metrics_port: int) -> list[
     return [str(KVPILOT), *args]
 
 
-def operator_env(container: dict) -> dict[str, str]:
+def operator_env(container: dict, pod: str) -> dict[str, str]:
+    """The container's env; of valueFrom only the pod's own name (`pod`) can be played."""
     env = {}
     for var in container.get("env", []):
+        field = (var.get("valueFrom") or {}).get("fieldRef") or {}
+        if field.get("fieldPath") == "metadata.name":  # the API server adds apiVersion: v1
+            env[var["name"]] = pod
+            continue
         assert "value" in var, f"{var['name']}: valueFrom cannot be played here"
         env[var["name"]] = var["value"]
     return env
@@ -82,19 +87,28 @@ class ChartOperator:
     the chart's; the process gets no other environment than PATH, PYTHONPATH (the code under
     test) and the kubeconfig, as a container gets none of the test's."""
 
-    def __init__(self, installed: Installed, log: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        installed: Installed,
+        log: Path,
+        env: dict[str, str] | None = None,
+        pod: str = f"{OPERATOR}-0",
+    ):
         self.installed, self.log_path, self.extra_env = installed, log, env or {}
+        self.pod = pod  # the name of the pod it plays
         self.process: subprocess.Popen | None = None
         self.liveness = ""
+        self.metrics_port = 0
         self.argv: list[str] = []
         self.started = self.stopped = datetime.now(UTC)
 
     def start(self) -> None:
         container = operator_container(self.installed.plane)
         self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
-        self.argv = operator_command(container, self.liveness, free_port())
+        self.metrics_port = free_port()
+        self.argv = operator_command(container, self.liveness, self.metrics_port)
         env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}
-        env |= operator_env(container) | self.extra_env
+        env |= operator_env(container, self.pod) | self.extra_env
         env["KUBECONFIG"] = str(self.installed.operator_kubeconfig)
         self.started = datetime.now(UTC)
         with self.log_path.open("ab") as out:  # the child keeps its own descriptor
@@ -121,6 +135,15 @@ class ChartOperator:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self.process = None
+        self.stopped = datetime.now(UTC)
+
+    def kill(self) -> None:
+        """SIGKILL by PID: no clean exit (a lost node, an OOM kill)."""
+        if self.process is None:
+            return
+        self.process.kill()
+        self.process.wait()
         self.process = None
         self.stopped = datetime.now(UTC)
 

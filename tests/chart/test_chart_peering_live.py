@@ -1,0 +1,125 @@
+"""Two real operators with kopf's peering, run as the chart runs them with operator.replicas=2
+(its command, args and env, the pod name played for POD_ID, under the chart's ServiceAccount and
+RBAC, with the chart's kopf.dev CRDs) on a control plane of their own: both keep themselves
+alive in the peering object, only the older one acts (it reconciles and reports status; the
+other has not one series about the ModelDeployment and has not resumed); the active one killed
+by PID (SIGKILL: no clean exit), the other resumes within the peering lifetime and takes the
+ModelDeployment over. No call is refused, and kopf's
+peering calls are the ones permissions.PEERING declares."""
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvpilot_operator import permissions
+from kvpilot_server import metric_names as names
+from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, Cluster, wait_for
+from kvpilot_testing.kube.install import NAMESPACE, Installed
+from tests.chart.live import OPERATOR, ChartOperator, calls, forbidden, fresh_release
+
+LIFETIME = 5  # seconds; the chart's least (kopf then renews the keep-alive every second)
+SPEC = {
+    "model": {"source": "builtin://smollm2-135m-instruct"},
+    "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
+}
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> Iterator[Installed]:
+    values = ["--set", "operator.replicas=2"]
+    values += ["--set", f"operator.peeringLifetimeSeconds={LIFETIME}"]
+    with fresh_release(tmp_path_factory.mktemp("peering"), *values) as installed:
+        yield installed
+
+
+def _series(operator: ChartOperator, name: str) -> set[str]:
+    """The operator's own metrics about ModelDeployment `name`: what it reconciled, reported."""
+    try:
+        url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
+        text = httpx.get(url, timeout=5).text
+    except httpx.HTTPError:
+        return set()
+    return {
+        s.name
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("name") == name
+    }
+
+
+def _logged(operator: ChartOperator, text: str) -> bool:
+    return text in operator.log_path.read_text(errors="replace")
+
+
+def _peers(cluster: Cluster, count: int) -> dict[str, dict] | None:
+    """The replicas' keep-alives in the peering object (by pod name), once there are `count`."""
+    path = f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings/{OPERATOR}"
+    response = cluster.http.get(path)
+    peers = (response.json().get("status") or {}) if response.status_code == 200 else {}
+    return peers if len(peers) == count else None
+
+
+def _conditions(cluster: Cluster, name: str) -> dict[str, str]:
+    status = (cluster.get(MD, name) or {}).get("status") or {}
+    return {c["type"]: c["reason"] for c in status.get("conditions", [])}
+
+
+def test_one_of_two_operators_acts_and_the_other_takes_over_when_killed(release, tmp_path):
+    cluster = Cluster(release.plane, NAMESPACE, release.operator_kubeconfig)
+    first = ChartOperator(release, tmp_path / "first.log", pod=f"{OPERATOR}-first")
+    second = ChartOperator(release, tmp_path / "second.log", pod=f"{OPERATOR}-second")
+    reported = names.OPERATOR_READY_REPLICAS  # set by every status refresh (handlers.report)
+    try:
+        first.start()
+        second.start()  # the younger: it waits
+        assert f"--peering={OPERATOR}" in first.argv
+        peers = wait_for("both in the peering object", lambda: _peers(cluster, 2))
+        assert peers[first.pod]["priority"] > peers[second.pod]["priority"]
+        assert peers[first.pod]["lifetime"] == LIFETIME
+
+        cluster.create(MD, {"metadata": {"name": "elected"}, "spec": SPEC})
+        wait_for("the Deployment", lambda: cluster.get(DEPLOYMENTS, "elected"))
+        wait_for("status", lambda: _conditions(cluster, "elected").get("Degraded"))
+        wait_for("the first's status gauges", lambda: reported in _series(first, "elected"))
+        assert names.OPERATOR_RECONCILE_SECONDS + "_count" in _series(first, "elected")
+        time.sleep(1)  # a second more for the paused one to do what it should not
+        assert _series(second, "elected") == set()
+        # Paused from its start (kopf logs only a change): it has not resumed.
+        assert not _logged(second, "Resuming operations")
+
+        killed = time.monotonic()
+        first.kill()
+        wait_for(
+            "the second to take over",
+            lambda: reported in _series(second, "elected"),
+            timeout=LIFETIME + 10,
+        )
+        took = time.monotonic() - killed
+        assert took < LIFETIME + 5, took
+        assert _logged(second, "Resuming operations after the pause")
+
+        # It acts now: a spec change reaches the Deployment.
+        cluster.patch(MD, "elected", {"spec": {"engine": {"maxNumSeqs": 4}}})
+
+        def rolled() -> bool:
+            pod = cluster.get(DEPLOYMENTS, "elected")["spec"]["template"]["spec"]
+            return "--max-num-seqs=4" in pod["containers"][0]["args"]
+
+        wait_for("the second to reconcile", rolled)
+        cluster.delete_model_deployments()  # kopf's finalizer: the second removes it
+        print(f"taken over {took:.1f} s after SIGKILL (peering lifetime {LIFETIME} s)")
+    finally:
+        first.stop()
+        second.stop()
+        cluster.close()
+        print(first.log_tail(), second.log_tail())  # shown when the test fails
+
+    events = list(release.plane.audit(release.operator_user))
+    assert forbidden(events) == []
+    made = [c for e in events for c in calls(e) if c.api_group == "kopf.dev"]
+    peering = {(c.resource, c.verb, c.namespace) for c in made}
+    (declared,) = permissions.PEERING
+    assert peering == {(declared.resource, verb, NAMESPACE) for verb in declared.verbs}
