@@ -44,7 +44,11 @@ SAMPLES = {
 # sha256 of https://www.apache.org/licenses/LICENSE-2.0.txt
 APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
 # Dotted names in inline code that are neither values keys nor CRD paths.
-NOT_VALUES = {"modeldeployments.kvpilot.dev"}
+NOT_VALUES = {
+    "modeldeployments.kvpilot.dev",
+    "kopfpeerings.kopf.dev",
+    "clusterkopfpeerings.kopf.dev",
+}
 FILE_SUFFIXES = (".yaml", ".yml", ".json", ".md", ".py", ".sh", ".txt", ".tpl")
 
 
