@@ -43,15 +43,28 @@ def _load() -> ModuleType | None:
 
 
 def build(name: str, flags: tuple[str, ...] = (), directory: str | None = None) -> ModuleType:
-    """Compile the module under `name`, with extra compiler flags (tests build variants)."""
+    """Compile the module under `name`, with extra compiler flags (tests build variants).
+
+    torch marks a build in progress with a plain `lock` file that a killed build (a server
+    stopped during its first start) leaves behind, and every later load then waits for it
+    forever, silently. An flock, which the kernel drops with its process, says whether a build
+    really runs: whoever holds it may remove a leftover mark."""
+    import fcntl
+
+    from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as compile_module
 
-    return compile_module(
-        name=name,
-        sources=[str(CSRC / source) for source in SOURCES],
-        extra_include_paths=[str(CSRC)],
-        extra_cflags=[*FLAGS, *flags],
-        extra_ldflags=["-fopenmp"],
-        build_directory=directory,
-        verbose=False,
-    )
+    where = Path(directory or _get_build_directory(name, verbose=False))
+    where.mkdir(parents=True, exist_ok=True)
+    with (where / "kvpilot.flock").open("w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released when the process dies, however
+        (where / "lock").unlink(missing_ok=True)
+        return compile_module(
+            name=name,
+            sources=[str(CSRC / source) for source in SOURCES],
+            extra_include_paths=[str(CSRC)],
+            extra_cflags=[*FLAGS, *flags],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(where),
+            verbose=False,
+        )
