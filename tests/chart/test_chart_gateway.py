@@ -10,6 +10,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 
+from kvpilot_gateway import options
 from kvpilot_gateway.options import ROUTING, add_gateway_args
 from kvpilot_operator import naming, permissions
 from kvpilot_testing.helm import (
@@ -213,9 +214,38 @@ def test_network_policy_admits_clients_extra_peers_and_prometheus_on_its_port():
     assert prometheus["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
 
 
+def test_hardening_values_reach_the_command_line():
+    gateway = {
+        "maxHeldBytes": 1 << 20,
+        "headerTimeoutSeconds": 5,
+        "bodyTimeoutSeconds": 7,
+        "upstreamTimeoutSeconds": 900,
+        "upstreamIdleTimeoutSeconds": 60,
+        "reservedNames": {"meta-llama/*": ["team-a", "team-b"], "*-prod": ["prod"]},
+        "preferNamespaces": ["prod", "staging"],
+        "trustedProxies": ["10.0.0.0/8", "fd00::/8"],
+    }
+    args = _args(_container(objects(render({"gateway": gateway}))))
+    assert (args.max_held_bytes, args.header_timeout, args.body_timeout) == (1 << 20, 5, 7)
+    assert (args.upstream_timeout, args.upstream_idle_timeout) == (900, 60)
+    assert sorted(args.reserve) == ["*-prod=prod", "meta-llama/*=team-a,team-b"]
+    assert args.prefer_namespace == ["prod", "staging"]
+    assert args.trusted_proxy == ["10.0.0.0/8", "fd00::/8"]
+    settings = options.settings(args, [])  # the gateway accepts what the chart renders
+    assert settings.names.prefer == ("prod", "staging")
+    defaults = _args(_container(objects(render())))
+    assert (defaults.reserve, defaults.prefer_namespace, defaults.trusted_proxy) == ([], [], [])
+    assert defaults.max_held_bytes == options.Settings().max_held_bytes
+
+
 @pytest.mark.parametrize(
     ("values", "where"),
     [
+        ({"reservedNames": {"meta-llama/*": []}}, "/gateway/reservedNames"),
+        ({"reservedNames": {"x": ["Bad_NS"]}}, "/gateway/reservedNames"),
+        ({"preferNamespaces": ["Bad_NS"]}, "/gateway/preferNamespaces/0"),
+        ({"trustedProxies": ["not a cidr"]}, "/gateway/trustedProxies/0"),
+        ({"headerTimeoutSeconds": 0}, "/gateway/headerTimeoutSeconds"),
         ({"routing": "random"}, "/gateway/routing"),
         ({"replicas": 0}, "/gateway/replicas"),
         ({"holdTimeoutSeconds": 0}, "/gateway/holdTimeoutSeconds"),
