@@ -53,6 +53,9 @@ def run_gateway(args: argparse.Namespace) -> int:
         log_level="info",
         access_log=False,
         http=with_header_timeout(args.header_timeout),
+        # uvicorn would otherwise believe X-Forwarded-For from loopback peers and rewrite the
+        # client's address; the gateway decides whom to believe (--trusted-proxy, headers.py).
+        proxy_headers=False,
     )
     server = draining_server()(config, app.state.gateway, args.drain_timeout)
     try:

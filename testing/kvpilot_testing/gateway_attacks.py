@@ -15,12 +15,14 @@ from kvpilot_testing.raw_http import Status, address, read_status
 
 CHUNK = 1 << 16
 
+
 def rss_mib(pid: int) -> float:
     """Resident memory of a process, from /proc (Linux)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
 
 def _answered(sock: socket.socket) -> bool:
     """Has the server answered or closed (without blocking)?"""
@@ -33,6 +35,7 @@ def _answered(sock: socket.socket) -> bool:
         return True
     finally:
         sock.settimeout(5)
+
 
 def endless_header(base: str, size: int, seconds: float = 20.0) -> dict:
     """GET /health with one header `size` bytes long, sent until the server answers or
@@ -53,6 +56,7 @@ def endless_header(base: str, size: int, seconds: float = 20.0) -> dict:
                 sock.sendall(b"\r\n\r\n")
         status, _ = read_status(sock, 10.0)
     return {"status": status, "sent_mib": round(sent / (1 << 20), 2)}
+
 
 def header_flood(base: str, pid: int, clients: int = 6, size: int = 100 << 20) -> dict:
     """`clients` endless headers at once, the gateway's RSS sampled meanwhile."""
@@ -77,6 +81,7 @@ def header_flood(base: str, pid: int, clients: int = 6, size: int = 100 << 20) -
         "rss_peak_mib": round(max(peak), 1),
     }
 
+
 def small_objects_body(model: str, size: int) -> bytes:
     """A valid request of about `size` bytes made of many small JSON objects: the shape that
     costs the most parsed (a dict per 8 bytes or so)."""
@@ -84,11 +89,21 @@ def small_objects_body(model: str, size: int) -> bytes:
     filler = b'{"a":1},' * max(0, (size - 200) // 8)
     return json.dumps(head).encode()[:-1] + b', "user_data": [' + filler + b"{}]}"
 
-def held_bodies(base: str, pid: int, model: str, clients: int, size: int, hold: float) -> dict:
-    """`clients` requests with `size`-byte bodies for a model that has no ready replica, kept
-    open `hold` seconds (the gateway holds them), the gateway's RSS read while they wait;
-    then the clients leave. Statuses: what came back within the hold (SILENT: still held)."""
-    body = small_objects_body(model, size)
+
+def held_bodies(
+    base: str,
+    pid: int,
+    model: str,
+    clients: int,
+    size: int,
+    hold: float,
+    body: bytes | None = None,
+) -> dict:
+    """`clients` requests with `size`-byte bodies (small_objects_body, unless `body` is given)
+    for a model that has no ready replica, kept open `hold` seconds (the gateway holds them),
+    the gateway's RSS read while they wait; then the clients leave. Statuses: what came back
+    within the hold, or "held"."""
+    body = body if body is not None else small_objects_body(model, size)
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
@@ -100,10 +115,8 @@ def held_bodies(base: str, pid: int, model: str, clients: int, size: int, hold: 
         for _ in range(clients):
             sock = socket.create_connection(address(base), timeout=10)
             socks.append(sock)
-            try:
+            with contextlib.suppress(OSError):  # refused mid-body: its answer is read below
                 sock.sendall(head + body)
-            except OSError:
-                pass  # refused mid-body (the budget): its answer is read below
         deadline = time.monotonic() + hold
         peak = rss_mib(pid)
         while time.monotonic() < deadline:
@@ -120,6 +133,7 @@ def held_bodies(base: str, pid: int, model: str, clients: int, size: int, hold: 
         "rss_before_mib": round(before, 1),
         "rss_peak_mib": round(peak, 1),
     }
+
 
 def dripping_body(base: str, seconds: float) -> socket.socket:
     """A request whose body arrives a byte every 0.3 s for `seconds` (a background thread):

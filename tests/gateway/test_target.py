@@ -1,0 +1,63 @@
+"""What routing keeps of a body (target.py): the name, the prefix key, the raw bytes; and the
+bodies refused with 400 before routing, as the server's parser refuses them."""
+
+import json
+
+import pytest
+
+from kvpilot_gateway.balance import prefix_key
+from kvpilot_gateway.target import parse, renamed
+from kvpilot_server.errors import InvalidRequestError
+
+CHAT = {
+    "model": "chat",
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "image_url"}]},
+        {"role": "assistant", "content": "Hello"},
+    ],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": [1, {}]}}}],
+    "temperature": 0.5,
+}
+
+
+def test_the_key_and_bytes_are_those_of_the_whole_body():
+    body = json.dumps(CHAT).encode()
+    wanted = parse(body, 1024)
+    assert (wanted.model, wanted.body) == ("chat", body)
+    assert wanted.key == prefix_key(CHAT, 1024)  # trimming the parse changes no key
+    assert parse(body, None).key is None
+    completion = json.dumps({"model": "m", "prompt": [[1, 2, 3], [4]]}).encode()
+    assert parse(completion, 1024).key == b"1 2 3"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b'{"model": "m", "prompt": "\\ud800"}', "high surrogate"),
+        (b'{"model": "m", "prompt": "\\udc00x"}', "lone low surrogate"),
+        (b'{"model": "m", "prompt": "\\ud800\\u0041"}', "high surrogate"),
+        (b'{"model": "m", "prompt": "' + "é".encode("latin-1") + b'"}', "utf-8"),
+        (b'{"model": "m", "p": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (b'{"model": "m", "temperature": Infinity}', "Infinity is not a JSON number"),
+        (b'{"model": "m",}', "not valid JSON"),
+        (b"[]", "must be a JSON object"),
+        (b"{}", "model name is required"),
+        (b'{"model": 5}', "model name is required"),
+    ],
+)
+def test_what_the_server_would_refuse_is_a_400_here(body, why):
+    with pytest.raises(InvalidRequestError, match=why):
+        parse(body, 1024)
+
+
+def test_escapes_that_are_not_lone_surrogates_pass():
+    pair = b'{"model": "m", "prompt": "\\ud83d\\ude00 \\\\ud800 \\u00e9"}'
+    assert parse(pair, 1024).key == "😀 \\ud800 é".encode()
+
+
+def test_a_renamed_request_keeps_every_field():
+    wanted = parse(json.dumps(CHAT).encode(), 1024)
+    again = renamed(wanted, "served")
+    assert json.loads(again.body) == {**CHAT, "model": "served"}
+    assert again.key == wanted.key and renamed(wanted, "chat") is wanted
