@@ -38,7 +38,7 @@ SPEC = {
     "model": {"source": "builtin://smollm2-135m-instruct"},
     "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
     "replicas": 0,
-    "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 1},
+    "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 1, "targetQueueDepth": 4},
 }
 
 
@@ -86,6 +86,7 @@ def main() -> None:
     try:
         plane.start(controller_manager=False)
         installed = install(plane, "--set", "watch.scope=All")
+        plane.start_controller_manager()  # it makes the namespace's default ServiceAccount
         create_namespace(plane, "bench")
         cluster = Cluster(plane, "bench", installed.operator_kubeconfig)
         cluster.create(MD, {"metadata": {"name": ASLEEP}, "spec": SPEC})

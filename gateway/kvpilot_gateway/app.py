@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from kvpilot_gateway import headers, target
 from kvpilot_gateway.balance import Balancer
-from kvpilot_gateway.budget import BodyBudget
+from kvpilot_gateway.budget import BodyBudget, Lease
 from kvpilot_gateway.catalog import Catalog, Model
 from kvpilot_gateway.holding import Holds, StartingError
 from kvpilot_gateway.load import Loads
@@ -81,7 +81,7 @@ def build_app(state: State) -> Starlette:
         try:
             with state.bodies.lease() as lease:
                 try:
-                    wanted = await _read(request, lease.add)
+                    wanted = await _read(request, lease)
                     model = catalog.resolve(wanted.model)
                 except KvpilotError as exc:
                     metrics.unrouted.labels(type(exc).__name__).inc()
@@ -102,10 +102,11 @@ def build_app(state: State) -> Starlette:
             if not isinstance(response, Passthrough):
                 state.in_flight -= 1
 
-    async def _read(request: Request, reserve: Callable[[int], None]) -> target.Target:
-        body = await read_body(request, settings.body_timeout, reserve=reserve)
+    async def _read(request: Request, lease: Lease) -> target.Target:
+        body = await read_body(request, settings.body_timeout, reserve=lease.add)
         chars = settings.prefix_chars if settings.routing == "prefix-load" else None
-        return target.parse(body, chars)
+        with lease.borrowed(target.parse_cost(body)):
+            return target.parse(body, chars)
 
     async def _route(
         request: Request, model: Model, wanted: target.Target, sent: list[tuple[bytes, bytes]]

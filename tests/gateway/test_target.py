@@ -6,7 +6,7 @@ import json
 import pytest
 
 from kvpilot_gateway.balance import prefix_key
-from kvpilot_gateway.target import parse, renamed
+from kvpilot_gateway.target import parse, parse_cost, renamed
 from kvpilot_server.errors import InvalidRequestError
 
 CHAT = {
@@ -61,3 +61,13 @@ def test_a_renamed_request_keeps_every_field():
     again = renamed(wanted, "served")
     assert json.loads(again.body) == {**CHAT, "model": "served"}
     assert again.key == wanted.key and renamed(wanted, "chat") is wanted
+
+
+def test_the_parse_cost_counts_structure_not_text():
+    text = json.dumps([{"id": i, "tags": ["a", "b"]} for i in range(60_000)])  # 2 MiB of JSON
+    as_prompt = json.dumps({"model": "m", "prompt": text}).encode()
+    assert parse_cost(as_prompt) < 1 << 20  # one string: whatever it holds
+    as_structure = json.dumps({"model": "m", "data": json.loads(text)}).encode()
+    assert parse_cost(as_structure) > 2 * len(as_structure)
+    empty_arrays = b'{"model": "m", "x": [' + b"[]," * 1_000_000 + b"[]]}"
+    assert parse_cost(empty_arrays) > 32 << 20  # past the default budget: refused, not parsed
