@@ -8,8 +8,8 @@ scanner and keeps, of every object, only the keys routing reads: a body of small
 a few MiB while it is parsed, and nothing once the Target is made (a request held while its
 model starts keeps only the Target, whose body is the raw bytes). Arrays and scalars cannot be
 hooked that way: an array of a million empty arrays still costs about 25x its bytes while it is
-parsed. So parse_cost() estimates, from a count of brackets and commas (C-speed byte counts),
-what the parse will build, and the body budget lends it for the parse (budget.py): a body
+parsed. So parse_cost() estimates, from counts of brackets and commas, what the parse will
+build, and the body budget lends it for the parse (budget.py): a body
 whose parse alone would exceed the whole budget is refused (benchmarks/gateway_attacks.py
 measures both shapes).
 
@@ -41,31 +41,27 @@ class Target:
     body: bytes  # what the replica gets
 
 
-# Bytes the parse builds, at most, per array (an empty list and its slot), per object (cut to
-# None by the hook, with its pairs' transient list) and per array element beyond the first (a
-# short string is the dearest: its object and its slot), measured on CPython 3.11 with bodies
-# made of nothing else (benchmarks/gateway_attacks.py's shapes among them).
-ARRAY_BYTES, OBJECT_BYTES, ELEMENT_BYTES = 64, 16, 80
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes and all
-_KEY = re.compile(rb'""\s*:')  # a key, once every string is emptied
-ROUGH_ENOUGH = 8 << 20  # below this the rough count is kept: most bodies never pay the regex
+# Bytes the parse builds, at most, per array (a list and its slot), per object (cut to None by
+# the hook, with its pairs' transient list), per scalar array element (a short string is the
+# dearest: its object and its slot) and per element's slot, measured on CPython 3.11 with
+# bodies made of nothing else (benchmarks/gateway_attacks.py's shapes among them).
+ARRAY_BYTES, OBJECT_BYTES, SCALAR_BYTES, SLOT_BYTES = 96, 16, 80, 8
 
 
 def parse_cost(body: bytes) -> int:
-    """About how many bytes parse() will build for this body, at most: counted on its
-    structure (brackets, and the commas that part array elements), strings emptied first so
-    that what a prompt's text holds counts for nothing."""
-    rough = _structure_cost(body, 0)  # strings' commas too: an overestimate, at C speed
-    if rough <= ROUGH_ENOUGH:
-        return rough
-    bare = _STRING.sub(b'""', body)  # as slow as the parse itself on a body of many strings
-    return _structure_cost(bare, len(_KEY.findall(bare)))
-
-
-def _structure_cost(bare: bytes, keys: int) -> int:
-    elements = max(0, bare.count(b",") - keys)
+    """About how many bytes parse() will build for this body, at most, from byte counts (C
+    speed, nothing built): commas part array elements, except those between an object's keys
+    (a key is a string before a colon). What strings hold counts too, so it overestimates
+    (emptying the strings first would cost as much memory as the parse); that errs only on
+    prompts of megabytes of dense JSON text, which no model's context holds anyway."""
+    arrays, objects = body.count(b"["), body.count(b"{")
+    elements = body.count(b",") - max(0, body.count(b'":') - objects)
+    scalars = max(0, elements - arrays - objects)
     return (
-        ARRAY_BYTES * bare.count(b"[") + OBJECT_BYTES * bare.count(b"{") + ELEMENT_BYTES * elements
+        ARRAY_BYTES * arrays
+        + OBJECT_BYTES * objects
+        + SCALAR_BYTES * scalars
+        + SLOT_BYTES * max(0, elements)
     )
 
 

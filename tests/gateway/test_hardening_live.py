@@ -242,12 +242,14 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 def test_trailers_connection_headers_and_forwarding_headers_do_not_cross(live):
     """A chunked request whose trailer claims another key, Connection naming a header to
     drop, a forged X-Forwarded-For; a response whose Connection names one of its headers."""
+
     def serve(address: str, _pod: dict) -> http.server.ThreadingHTTPServer:
         server = http.server.ThreadingHTTPServer((address, 8000), _Recorder)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
 
     assert live.node is not None
+
     def stop(server: http.server.ThreadingHTTPServer) -> None:
         server.shutdown()
         server.server_close()
