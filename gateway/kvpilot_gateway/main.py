@@ -35,10 +35,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("cannot start: %s", exc)
         return 1
-    import uvicorn
-
-    from kvpilot_server.api.http_protocol import with_header_timeout
-    from kvpilot_server.serve import draining_server
+    from kvpilot_server.serve import draining_server, http_config
 
     try:
         settings = options.settings(args, keys)
@@ -46,17 +43,9 @@ def run_gateway(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return 1
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="info",
-        access_log=False,
-        http=with_header_timeout(args.header_timeout),
-        # uvicorn would otherwise believe X-Forwarded-For from loopback peers and rewrite the
-        # client's address; the gateway decides whom to believe (--trusted-proxy, headers.py).
-        proxy_headers=False,
-    )
+    # uvicorn would otherwise believe X-Forwarded-For from loopback peers and rewrite the
+    # client's address; the gateway decides whom to believe (--trusted-proxy, headers.py).
+    config = http_config(app, args, proxy_headers=False)
     server = draining_server()(config, app.state.gateway, args.drain_timeout)
     try:
         server.run()

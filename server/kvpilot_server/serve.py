@@ -41,10 +41,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, engine, model: str, keys: list[str]) -> int:
-    import uvicorn
-
     from kvpilot_server.api.app import ServerSettings, build_app
-    from kvpilot_server.api.http_protocol import with_header_timeout
 
     settings = ServerSettings(
         served_model_name=args.served_model_name or model,
@@ -55,15 +52,7 @@ def _serve(args: argparse.Namespace, engine, model: str, keys: list[str]) -> int
         body_timeout=args.body_timeout,
     )
     app = build_app(engine, settings)
-    # kvpilot.access logs each request as JSON; uvicorn's text access log would repeat it.
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="info",
-        access_log=False,
-        http=with_header_timeout(args.header_timeout),
-    )
+    config = http_config(app, args)
     server = draining_server()(config, app.state.admission, args.drain_timeout)
     try:
         server.run()
@@ -78,6 +67,25 @@ def _cannot_start(reason: str, exc: Exception) -> int:
     log.error("cannot start: %s", exc)
     termination.write(reason, str(exc))
     return 1
+
+
+def http_config(app, args: argparse.Namespace, **overrides):
+    """uvicorn's settings for a kvpilot listener (the server's and the gateway's): the protocol
+    that bounds the request line and headers in size and time (--header-timeout), and no text
+    access log (kvpilot.access logs each request as JSON)."""
+    import uvicorn
+
+    from kvpilot_server.api.http_protocol import with_header_timeout
+
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        access_log=False,
+        http=with_header_timeout(args.header_timeout),
+        **overrides,
+    )
 
 
 def draining_server():
