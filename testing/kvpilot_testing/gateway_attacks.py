@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kvpilot_testing.raw_http import Status, address, read_status
+from kvpilot_testing.raw_http import Status, address, read_status, send_until_answered
 
 CHUNK = 1 << 16
 
@@ -40,20 +40,9 @@ def _answered(sock: socket.socket) -> bool:
 def endless_header(base: str, size: int, seconds: float = 20.0) -> dict:
     """GET /health with one header `size` bytes long, sent until the server answers or
     closes; (status, MiB sent)."""
-    sent = 0
     with socket.create_connection(address(base), timeout=5) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
-        deadline = time.monotonic() + seconds
-        piece = b"a" * CHUNK
-        while sent < size and time.monotonic() < deadline and not _answered(sock):
-            try:
-                sock.sendall(piece)
-            except OSError:
-                break
-            sent += CHUNK
-        else:
-            with contextlib.suppress(OSError):
-                sock.sendall(b"\r\n\r\n")
+        sent = send_until_answered(sock, b"a" * CHUNK, CHUNK, size, seconds, b"\r\n\r\n")
         status, _ = read_status(sock, 10.0)
     return {"status": status, "sent_mib": round(sent / (1 << 20), 2)}
 

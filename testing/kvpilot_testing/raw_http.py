@@ -59,6 +59,35 @@ def post_bytes(path: str, body: bytes, content_type: str = "application/json") -
     return head.encode() + body
 
 
+def send_until_answered(
+    sock: socket.socket, piece: bytes, counts: int, total: int, seconds: float, end: bytes
+) -> int:
+    """Send `piece` (worth `counts` bytes of what is measured) again and again until `total`
+    went, `seconds` passed, or the server answered or closed; `end` if all of it went. What
+    was sent, in `counts` units."""
+    sent = 0
+    deadline = time.monotonic() + seconds
+    while sent < total and time.monotonic() < deadline:
+        sock.settimeout(0)
+        try:
+            sock.recv(1, socket.MSG_PEEK)
+            break  # an answer (or a close) arrived: stop sending
+        except BlockingIOError:
+            pass
+        except OSError:
+            break
+        sock.settimeout(5)  # a server that stopped reading without answering
+        try:
+            sock.sendall(piece)
+        except OSError:
+            break
+        sent += counts
+    else:
+        with contextlib.suppress(OSError):
+            sock.sendall(end)
+    return sent
+
+
 def chunked_upload(base: str, path: str, total: int, chunk: int = 1 << 16) -> tuple[Status, int]:
     """Send `total` bytes as a chunked body (no Content-Length), stopping as soon as the server
     answers or closes; (status, bytes of body sent)."""
@@ -67,27 +96,8 @@ def chunked_upload(base: str, path: str, total: int, chunk: int = 1 << 16) -> tu
         "Transfer-Encoding: chunked\r\n\r\n"
     )
     piece = f"{chunk:x}\r\n".encode() + b"[" * chunk + b"\r\n"
-    sent = 0
     with socket.create_connection(address(base), timeout=10) as sock:
         sock.sendall(head.encode())
-        deadline = time.monotonic() + 30
-        while sent < total and time.monotonic() < deadline:
-            sock.settimeout(0)
-            try:
-                sock.recv(1, socket.MSG_PEEK)
-                break  # an answer (or a close) arrived: stop sending
-            except BlockingIOError:
-                pass
-            except OSError:
-                break
-            sock.settimeout(5)  # a server that stopped reading without answering
-            try:
-                sock.sendall(piece)
-            except OSError:
-                break
-            sent += chunk
-        else:
-            with contextlib.suppress(OSError):
-                sock.sendall(b"0\r\n\r\n")
+        sent = send_until_answered(sock, piece, chunk, total, 30, b"0\r\n\r\n")
         status, _ = read_status(sock, 10.0)
     return status, sent
