@@ -143,14 +143,17 @@ SMUGGLING = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(SMUGGLING))
-def test_smuggling_shapes_are_refused_and_nothing_follows_them(live, name):
+def test_smuggling_shapes_are_refused_and_nothing_follows_them(live):
     gateway = live.gateway()
     smuggled = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-    answer = _exchange(gateway.url, head + SMUGGLING[name] + smuggled, timeout=5)
-    assert answer[:12] in (b"HTTP/1.1 400", b""), answer[:200]
-    assert answer.count(b"HTTP/1.1 ") <= 1  # the request behind it was never answered
+    answers = {
+        name: _exchange(gateway.url, head + shape + smuggled, 5)
+        for name, shape in SMUGGLING.items()
+    }
+    for name, answer in answers.items():
+        assert answer[:12] in (b"HTTP/1.1 400", b""), (name, answer[:200])
+        assert answer.count(b"HTTP/1.1 ") <= 1, name  # the request behind it was never answered
 
 
 def test_body_limits_hold_at_the_gateway(live):
