@@ -157,8 +157,9 @@ def test_each_side_imports_only_what_its_extra_installs():
     assert server == set(SERVER_MODULES)
     assert bench == set(BENCH_MODULES)
     # ...and the gateway's besides what it imports itself: the ModelDeployment's names come from
-    # kvpilot_operator.crd, which reads the CRD's YAML.
-    assert gateway | {"yaml"} == set(GATEWAY_MODULES)
+    # kvpilot_operator.crd, which reads the CRD's YAML, and it listens with the server's uvicorn
+    # settings (kvpilot_server.serve.http_config).
+    assert gateway | {"yaml", "uvicorn"} == set(GATEWAY_MODULES)
     assert operator <= _importable("operator"), "imported but not installed by kvpilot[operator]"
     assert server <= _importable("server"), "imported but not installed by kvpilot[server]"
     assert bench <= _importable("bench"), "imported but not installed by kvpilot[bench]"

@@ -90,6 +90,13 @@ def test_a_namespace_named_after_an_organisation_cannot_take_its_traffic(live, k
         )
         assert answer.json()["model"] == "llama"  # the attacker keeps only its own name
     finally:
+        # Gone before its namespace: an operator watching every namespace (the next test's)
+        # must not find a ModelDeployment left in a namespace that is being deleted.
+        attacker.delete(MD, "grab")
+        attacker.delete(PODS, "grab-0")  # the node, still running, finishes deleting it
+        wait_for(
+            "the attacker's objects to go", lambda: not attacker.list(MD) + attacker.list(PODS)
+        )
         node.stop()
         attacker.close()
         with kube.plane.client() as http:
