@@ -11,7 +11,6 @@ so that refused clients do not all come back at the same moment.
 
 import asyncio
 import contextlib
-import math
 import random
 import time
 from collections import deque
@@ -89,8 +88,10 @@ class Admission:
         rate = recent / _RATE_WINDOW_S
         estimate = _IDLE_RETRY_S if rate == 0 else (waiting - self.max_waiting) / rate
         # Spread over [estimate, 2 x estimate]: a synchronized retry would be refused again.
+        # Rounded, not ceiled: at the idle estimate (no completion yet, 1 s) ceil gave every
+        # refused client 2 s, the very synchronized retry the spread is there to prevent.
         spread = estimate * (1.0 + random.random())
-        return min(_MAX_RETRY_S, max(1, math.ceil(spread)))
+        return min(_MAX_RETRY_S, max(1, round(spread)))
 
     def deadline(self, requested: float | None) -> float | None:
         """The request's timeout: what it asked for, never more than the server's ceiling."""
