@@ -115,7 +115,6 @@ def build_app(state: State) -> Starlette:
         count = metrics.requests.labels
         body = target.renamed(wanted, model.served).body  # the replica knows only its name
         key = wanted.key
-        del wanted
         tried: set[str] = set()
         for attempt in range(settings.retries + 1):
             endpoints = [e for e in state.usable(model) if e not in tried]

@@ -88,21 +88,21 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-held-bytes",
         type=int,
-        default=32 << 20,
+        default=Settings.max_held_bytes,
         help="bytes of request bodies the gateway keeps in memory at once (read, held for a "
         "starting model, or being sent); a request past it gets 429",
     )
     parser.add_argument(
         "--upstream-timeout",
         type=float,
-        default=600.0,
+        default=Settings.upstream_timeout,
         help="seconds a replica may take to start answering (a non-streamed completion "
         "answers when it is done); then 504",
     )
     parser.add_argument(
         "--upstream-idle-timeout",
         type=float,
-        default=120.0,
+        default=Settings.upstream_idle_timeout,
         help="seconds a replica may stay silent mid-answer; then the stream ends with an "
         "error event (504)",
     )
