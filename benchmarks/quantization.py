@@ -24,7 +24,7 @@ def main() -> None:
     )
     parser.add_argument("--tokens", default="4096", help="perplexity tokens")
     args = parser.parse_args()
-    command = [sys.executable, "-m", "kvpilot_server.cli", "eval", "--json"]
+    command = [sys.executable, "-m", "kvpilot_common.cli", "eval", "--json"]
     command += ["--configs", args.configs, "--tokens", args.tokens, "--speed-tokens", "64"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if not done.stdout:

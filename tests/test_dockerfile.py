@@ -323,7 +323,7 @@ def test_dockerignore_keeps_out_venv_git_caches_and_strays():
         "operator/kvpilot_operator/__pycache__/render.cpython-312.pyc",
         "gateway/kvpilot_gateway/__pycache__/options.cpython-312.pyc",
         "kvpilot.egg-info/PKG-INFO",
-        "build/lib/kvpilot_server/cli.py",
+        "build/lib/kvpilot_common/cli.py",
         "bench-results/run.json",
         ".env",
         "kubeconfig",

@@ -3,9 +3,10 @@
 and the modules the sides share. What ships: the wheel holds no test support (kvpilot_testing,
 the tiny models), and nothing outside tests/ reaches into tests/ or edits sys.path to import.
 
-Each side is checked twice: statically (every third-party import under operator/, server/ and
-gateway/ is installed by that side's extra, read from pyproject.toml and the installed packages'
-metadata) and by running it in a subprocess where everything else is made unimportable: a
+Each side (server, operator, gateway, bench) is checked twice: statically (every third-party
+import of the side and of the kvpilot_common modules it uses is installed by that side's extra,
+read from pyproject.toml and the installed packages' metadata; no side imports another) and by
+running it in a subprocess where everything else is made unimportable: a
 sitecustomize first on PYTHONPATH puts a finder at the head of sys.meta_path that raises
 ModuleNotFoundError for hidden modules, as if they were not installed."""
 
@@ -28,7 +29,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kvpilot_server.extras import (
+from kvpilot_common.extras import (
     BENCH_MODULES,
     GATEWAY_MODULES,
     OPERATOR_MODULES,
@@ -39,7 +40,14 @@ from kvpilot_testing.kube.node import Node
 from kvpilot_testing.live_server import free_port, start_tiny_server, stop_server, terminate
 
 ROOT = Path(__file__).parents[1]
-OURS = {"kvpilot_server", "kvpilot_operator", "kvpilot_gateway"}
+COMMON = ROOT / "common" / "kvpilot_common"
+SIDES = {
+    "kvpilot_server": ROOT / "server" / "kvpilot_server",
+    "kvpilot_operator": ROOT / "operator" / "kvpilot_operator",
+    "kvpilot_gateway": ROOT / "gateway" / "kvpilot_gateway",
+    "kvpilot_bench": ROOT / "bench" / "kvpilot_bench",
+}
+OURS = {"kvpilot_common", *SIDES}
 # The sitecustomize. Hidden modules look absent, not broken: every finder on sys.meta_path is
 # wrapped to answer None for them, so `import torch` raises the usual ModuleNotFoundError and
 # importlib.util.find_spec("torch") is None (libraries probe optional modules that way; a finder
@@ -129,37 +137,51 @@ def _importable(extra: str | None) -> set[str]:
     return provided | OURS | {"sitecustomize", "usercustomize"}
 
 
-def _third_party_imports(folder: Path, skip: Path | None = None) -> set[str]:
-    """Every absolute import's top-level module in folder's sources (but skip's), lazy ones
-    included."""
+def _imported(source: Path) -> set[str]:
+    """Every module an absolute import in `source` names, lazy ones included; for `from a import
+    b`, both a and a.b (b may be a module)."""
     found = set()
-    for source in folder.rglob("*.py"):
-        if skip is not None and source.is_relative_to(skip):
-            continue
-        for node in ast.walk(ast.parse(source.read_text(), str(source))):
-            if isinstance(node, ast.Import):
-                found |= {alias.name.partition(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                found.add(node.module.partition(".")[0])
-    return found - set(sys.stdlib_module_names) - OURS
+    for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
 
 
-BENCH = ROOT / "server" / "kvpilot_server" / "bench"
+def _common_sources(modules: set[str]) -> set[Path]:
+    """The kvpilot_common sources these modules load, and what those load in turn."""
+    seen: set[Path] = set()
+    todo = [m for m in modules if m.partition(".")[0] == "kvpilot_common"]
+    while todo:
+        parts = todo.pop().split(".")[1:]
+        module, package = COMMON.joinpath(*parts), COMMON.joinpath(*parts, "__init__.py")
+        for path in (module.with_suffix(".py"), package):
+            if path.is_file() and path not in seen:
+                seen.add(path)
+                todo += [m for m in _imported(path) if m.partition(".")[0] == "kvpilot_common"]
+    return seen
+
+
+def _third_party_imports(folder: Path) -> set[str]:
+    """Every top-level module outside ours and the standard library that folder's sources import,
+    lazy ones included, with what the kvpilot_common modules they use import."""
+    sources = set(folder.rglob("*.py"))
+    modules = {m for source in sources for m in _imported(source)}
+    modules |= {m for source in _common_sources(modules) for m in _imported(source)}
+    return {m.partition(".")[0] for m in modules} - set(sys.stdlib_module_names) - OURS
 
 
 def test_each_side_imports_only_what_its_extra_installs():
-    operator = _third_party_imports(ROOT / "operator")
-    server = _third_party_imports(ROOT / "server", skip=BENCH)
-    bench = _third_party_imports(BENCH)
-    gateway = _third_party_imports(ROOT / "gateway")
+    operator = _third_party_imports(SIDES["kvpilot_operator"])
+    server = _third_party_imports(SIDES["kvpilot_server"])
+    bench = _third_party_imports(SIDES["kvpilot_bench"])
+    gateway = _third_party_imports(SIDES["kvpilot_gateway"])
     # The CLI's "install this extra" check looks for exactly these.
     assert operator == set(OPERATOR_MODULES)
     assert server == set(SERVER_MODULES)
     assert bench == set(BENCH_MODULES)
-    # ...and the gateway's besides what it imports itself: the ModelDeployment's names come from
-    # kvpilot_operator.crd, which reads the CRD's YAML, and it listens with the server's uvicorn
-    # settings (kvpilot_server.serve.http_config).
-    assert gateway | {"yaml", "uvicorn"} == set(GATEWAY_MODULES)
+    assert gateway == set(GATEWAY_MODULES)
     assert operator <= _importable("operator"), "imported but not installed by kvpilot[operator]"
     assert server <= _importable("server"), "imported but not installed by kvpilot[server]"
     assert bench <= _importable("bench"), "imported but not installed by kvpilot[bench]"
@@ -173,17 +195,50 @@ def test_each_side_imports_only_what_its_extra_installs():
     assert _importable(None) == OURS | {"sitecustomize", "usercustomize"}  # base: nothing
 
 
+def _sibling_imports(package: str, folder: Path, root: Path = ROOT) -> list[str]:
+    """Imports in a package of ours of another of ours but kvpilot_common (which may import
+    only itself)."""
+    allowed = {package} if package == "kvpilot_common" else {package, "kvpilot_common"}
+    return sorted(
+        f"{source.relative_to(root)} imports {module}"
+        for source in folder.rglob("*.py")
+        for module in _imported(source)
+        if module.partition(".")[0] in OURS - allowed
+    )
+
+
+def test_the_sides_import_the_shared_package_and_never_each_other():
+    """The one rule of imports (docs/design.md): kvpilot_common below, the server, the operator,
+    the gateway and the load tester beside each other on it."""
+    packages = {"kvpilot_common": COMMON, **SIDES}
+    assert [line for p, folder in packages.items() for line in _sibling_imports(p, folder)] == []
+
+
+def test_the_sibling_scan_sees_a_sibling(tmp_path):
+    folder = tmp_path / "kvpilot_gateway"
+    folder.mkdir()
+    (folder / "bad.py").write_text(
+        "from kvpilot_common import naming\nimport kvpilot_gateway.app\n"
+        "def f():\n    from kvpilot_operator.crd import GROUP\n"
+    )
+    assert _sibling_imports("kvpilot_gateway", folder, tmp_path) == [
+        "kvpilot_gateway/bad.py imports kvpilot_operator.crd",
+        "kvpilot_gateway/bad.py imports kvpilot_operator.crd.GROUP",
+    ]
+
+
 # -- what ships --------------------------------------------------------------------------------
 
 
 def test_the_wheel_holds_the_packages_and_no_test_support(tmp_path):
-    """The kvpilot wheel, built offline from what the Dockerfile copies, holds kvpilot_server,
-    kvpilot_operator and kvpilot_gateway and none of kvpilot_testing (testing/, its own unshipped
+    """The kvpilot wheel, built offline from what the Dockerfile copies, holds kvpilot_common
+    and the four sides and none of kvpilot_testing (testing/, its own unshipped
     distribution): no tiny models, no control-plane harness."""
     src = tmp_path / "src"
     src.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
-    for name in ("pyproject.toml", "README.md", "LICENSE", "crds", "operator", "server", "gateway"):
+    folders = ("crds", "common", "operator", "server", "gateway", "bench")
+    for name in ("pyproject.toml", "README.md", "LICENSE", *folders):
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
         elif (ROOT / name).is_file():
@@ -205,7 +260,8 @@ def test_the_wheel_holds_the_packages_and_no_test_support(tmp_path):
     assert "kvpilot_operator/modeldeployments.kvpilot.dev.yaml" in names
     assert "kvpilot_gateway/options.py" in names
     for data in ("report.schema.json", "workload.schema.json", "presets/mixed.yaml"):
-        assert f"kvpilot_server/bench/{data}" in names  # kvpilot bench reads them at run time
+        assert f"kvpilot_bench/{data}" in names  # kvpilot bench reads them at run time
+    assert "kvpilot_common/http/serving.py" in names
     assert not [n for n in names if "tiny" in n or "testing" in n]
 
 
@@ -246,7 +302,8 @@ def test_nothing_outside_tests_edits_sys_path_or_imports_from_tests():
     the installed packages as installed: none inserts the repository (or tests/) into sys.path."""
     sources = _outside_tests()
     folders = {p.relative_to(ROOT).parts[0] for p in sources}
-    expected = {"benchmarks", "scripts", "charts", "testing", "server", "operator", "gateway"}
+    expected = {"benchmarks", "scripts", "charts", "testing", "common", "server", "operator"}
+    expected |= {"gateway", "bench"}
     assert expected <= folders
     assert [line for source in sources for line in _reaches_around(source)] == []
 
@@ -313,13 +370,14 @@ def test_the_hider_hides(tmp_path):
 
 def test_base_install_runs_the_cli_plan_and_the_shared_modules(tmp_path):
     env = _hiding_env(tmp_path, allow_only=_importable(None))
-    shared = "memory_model, metric_names, termination, precision, plan, cli, extras, engine_args"
-    imports = "; ".join(f"import kvpilot_server.{m}" for m in shared.split(", "))
+    shared = "memory_model, metric_names, termination, precision, naming, demand, cli, extras"
+    imports = "; ".join(f"import kvpilot_common.{m}" for m in shared.split(", "))
+    imports += "; import kvpilot_server.plan, kvpilot_server.engine_args, kvpilot_server.commands"
     result = _python(env, "-c", imports)
     assert result.returncode == 0, result.stderr
-    result = _python(env, "-m", "kvpilot_server.cli", "--help")
+    result = _python(env, "-m", "kvpilot_common.cli", "--help")
     assert result.returncode == 0 and "operator" in result.stdout, result.stderr
-    result = _python(env, "-m", "kvpilot_server.cli", "plan", "--gpu-type", "L4", "--json")
+    result = _python(env, "-m", "kvpilot_common.cli", "plan", "--gpu-type", "L4", "--json")
     assert result.returncode == 0, result.stderr
     assert not {"torch", "yaml", "kopf"} & {m.partition(".")[0] for m in _hidden(tmp_path)}
 
@@ -330,7 +388,7 @@ def test_base_install_runs_the_cli_plan_and_the_shared_modules(tmp_path):
 )
 def test_engine_commands_without_the_server_extra_name_it_in_one_line(tmp_path, command, hidden):
     env = _hiding_env(tmp_path, hide=set(hidden.split(",")))
-    result = _python(env, "-m", "kvpilot_server.cli", *command)
+    result = _python(env, "-m", "kvpilot_common.cli", *command)
     assert result.returncode == 1
     assert result.stdout == "" and "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
@@ -341,7 +399,7 @@ def test_engine_commands_without_the_server_extra_name_it_in_one_line(tmp_path, 
 
 def test_bench_without_its_extra_names_it_in_one_line(tmp_path):
     env = _hiding_env(tmp_path, hide={"matplotlib"})
-    result = _python(env, "-m", "kvpilot_server.cli", "bench", "--url", "http://127.0.0.1:9")
+    result = _python(env, "-m", "kvpilot_common.cli", "bench", "--url", "http://127.0.0.1:9")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         "kvpilot bench: matplotlib not installed; "
@@ -370,14 +428,14 @@ def test_bench_runs_with_only_its_extra_installed(tmp_path, tiny_dir):
     started normally) in a Python that can import only the standard library and what
     kvpilot[bench] installs: no torch, no transformers, no starlette."""
     env = _hiding_env(tmp_path, allow_only=_importable("bench"))
-    _every_module_imports_light(env, "kvpilot_server.bench", BENCH)
+    _every_module_imports_light(env, "kvpilot_bench", SIDES["kvpilot_bench"])
     proc, base = start_tiny_server(tiny_dir("llama"))
     try:
         report = tmp_path / "report.json"
         result = _python(
             env,
             "-m",
-            "kvpilot_server.cli",
+            "kvpilot_common.cli",
             "bench",
             "--url",
             base,
@@ -404,7 +462,7 @@ def test_bench_runs_with_only_its_extra_installed(tmp_path, tiny_dir):
 
 
 def test_operator_without_its_extra_names_it_in_one_line(tmp_path):
-    result = _python(_hiding_env(tmp_path, hide={"kopf"}), "-m", "kvpilot_server.cli", "operator")
+    result = _python(_hiding_env(tmp_path, hide={"kopf"}), "-m", "kvpilot_common.cli", "operator")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         "kvpilot operator: kopf not installed; "
@@ -417,8 +475,8 @@ def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch, kube
     the bundled-model sample to Ready on the real control plane, in a Python that can import only
     the standard library and what kvpilot[operator] installs: no torch, no transformers."""
     env = _hiding_env(tmp_path, allow_only=_importable("operator"))
-    _every_module_imports_light(env, "kvpilot_operator", ROOT / "operator" / "kvpilot_operator")
-    result = _python(env, "-m", "kvpilot_server.cli", "operator", "--help")
+    _every_module_imports_light(env, "kvpilot_operator", SIDES["kvpilot_operator"])
+    result = _python(env, "-m", "kvpilot_common.cli", "operator", "--help")
     assert result.returncode == 0 and "--namespace" in result.stdout, result.stderr
 
     for name in ("PYTHONPATH", "KVPILOT_TEST_ALLOW_ONLY", "KVPILOT_TEST_HIDDEN_LOG"):
@@ -450,7 +508,7 @@ def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch, kube
 
 def test_gateway_without_its_extra_names_it_in_one_line(tmp_path):
     env = _hiding_env(tmp_path, hide={"lightkube"})
-    result = _python(env, "-m", "kvpilot_server.cli", "gateway")
+    result = _python(env, "-m", "kvpilot_common.cli", "gateway")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         "kvpilot gateway: lightkube not installed; "
@@ -464,15 +522,15 @@ def test_gateway_runs_with_only_its_extra_installed(tmp_path, kube, kube_namespa
     ModelDeployment created there, in a Python that can import only the standard library and
     what kvpilot[gateway] installs: no torch, no transformers."""
     env = _hiding_env(tmp_path, allow_only=_importable("gateway"))
-    _every_module_imports_light(env, "kvpilot_gateway", ROOT / "gateway" / "kvpilot_gateway")
-    result = _python(env, "-m", "kvpilot_server.cli", "gateway", "--help")
+    _every_module_imports_light(env, "kvpilot_gateway", SIDES["kvpilot_gateway"])
+    result = _python(env, "-m", "kvpilot_common.cli", "gateway", "--help")
     assert result.returncode == 0 and "--routing" in result.stdout, result.stderr
 
     assert kube.gateway_kubeconfig is not None, "the session's release has no gateway"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env |= {"KUBECONFIG": str(kube.gateway_kubeconfig), "POD_NAME": "packaging-test"}
-    argv = [sys.executable, "-m", "kvpilot_server.cli", "gateway", "--port", str(port)]
+    argv = [sys.executable, "-m", "kvpilot_common.cli", "gateway", "--port", str(port)]
     argv += ["--namespace", kube_namespace.ns]
     log = tmp_path / "gateway.log"
     with log.open("ab") as out:

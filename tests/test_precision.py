@@ -1,4 +1,4 @@
-"""kvpilot_server.precision is the one source of the precision rules: the CRD's enums and
+"""kvpilot_common.precision is the one source of the precision rules: the CRD's enums and
 defaults are its values in the CRD's spelling (exactly, both ways), every value a user can write
 in a ModelDeployment reaches the engine as a flag the engine accepts, and the module loads, with
 the memory model and the operator's users of it, where torch is not installed."""
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvpilot_common import precision
 from kvpilot_operator import crd
 from kvpilot_operator.engine_flags import engine_args
-from kvpilot_server import precision
 from kvpilot_server.engine_args import add_engine_args, engine_config
 from tests.test_packaging import _hidden, _hiding_env, _python
 
@@ -101,7 +101,7 @@ def test_the_rules_load_without_torch(tmp_path):
     check = textwrap.dedent(
         """
         import sys
-        import kvpilot_server.precision, kvpilot_server.memory_model, kvpilot_server.plan
+        import kvpilot_common.precision, kvpilot_common.memory_model, kvpilot_server.plan
         import kvpilot_operator.fit, kvpilot_operator.engine_flags
         heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
         assert not heavy, heavy

@@ -1,5 +1,5 @@
 """Telling the operator how many requests this gateway holds for a model: the held-requests
-annotation (kvpilot_server.demand), written by server-side apply under this gateway's own field
+annotation (kvpilot_common.demand), written by server-side apply under this gateway's own field
 manager, so replicas of the gateway never overwrite one another and the operator's watch
 delivers it at once.
 
@@ -16,10 +16,9 @@ import time
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
+from kvpilot_common import demand, naming
+from kvpilot_common.kube import ModelDeploymentResource
 from kvpilot_gateway.catalog import Key
-from kvpilot_operator import crd
-from kvpilot_operator.cluster import ModelDeploymentResource
-from kvpilot_server import demand
 
 log = logging.getLogger("kvpilot.gateway")
 COALESCE_SECONDS = 0.25
@@ -79,8 +78,8 @@ class Announcer:
         """False: try again shortly. A ModelDeployment that is gone needs no more writes."""
         namespace, name = model
         body = {
-            "apiVersion": f"{crd.GROUP}/{crd.VERSION}",
-            "kind": crd.KIND,
+            "apiVersion": f"{naming.GROUP}/{naming.VERSION}",
+            "kind": naming.KIND,
             "metadata": {
                 "name": name,
                 "namespace": namespace,

@@ -20,6 +20,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from kvpilot_common.errors import KvpilotError, ModelNotFoundError, OverloadedError
+from kvpilot_common.http.auth import ApiKeyMiddleware
+from kvpilot_common.http.body import read_body
+from kvpilot_common.http.errors import error_response, from_exception
 from kvpilot_gateway import headers, target
 from kvpilot_gateway.balance import Balancer
 from kvpilot_gateway.budget import BodyBudget, Lease
@@ -35,10 +39,6 @@ from kvpilot_gateway.proxy import (
     open_upstream,
     unless_disconnected,
 )
-from kvpilot_server.api.auth import ApiKeyMiddleware
-from kvpilot_server.api.body import read_body
-from kvpilot_server.api.errors import error_response, from_exception
-from kvpilot_server.errors import KvpilotError, ModelNotFoundError, OverloadedError
 
 log = logging.getLogger("kvpilot.gateway")
 CLIENT_CLOSED = 499  # nginx's code for a client that left; only metrics and logs see it
@@ -63,7 +63,7 @@ class State:
         return [e for e in self.catalog.endpoints(model.key) if not self.loads.is_down(e)]
 
     def on_drain(self) -> None:
-        """The drain began (serve.draining_server): held requests are answered now."""
+        """The drain began (kvpilot_common.http.serving): held requests are answered now."""
         self.holds.close()
 
 

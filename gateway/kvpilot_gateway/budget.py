@@ -11,7 +11,7 @@ hold does; one whose parse alone would exceed the whole bound gets 413.
 import contextlib
 from collections.abc import Iterator
 
-from kvpilot_server.errors import OverloadedError, PayloadTooLargeError
+from kvpilot_common.errors import OverloadedError, PayloadTooLargeError
 
 RETRY_AFTER_SECONDS = 1  # bodies leave as soon as replicas answer: seconds, not minutes
 

@@ -15,12 +15,9 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvpilot_common.errors import ModelNotFoundError
+from kvpilot_common.naming import INSTANCE_LABEL, PORT, PORT_NAME
 from kvpilot_gateway import names
-from kvpilot_operator.engine_flags import PORT
-from kvpilot_operator.naming import INSTANCE_LABEL
-from kvpilot_server.errors import ModelNotFoundError
-
-PORT_NAME = "http"  # the model server's container port (the operator's render.py)
 
 Key = tuple[str, str]  # (namespace, ModelDeployment name)
 

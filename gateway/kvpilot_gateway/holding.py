@@ -11,10 +11,10 @@ import math
 import time
 from collections.abc import Callable
 
+from kvpilot_common.errors import ModelNotFoundError, OverloadedError, UnavailableError
 from kvpilot_gateway.catalog import Catalog, Key, Model
 from kvpilot_gateway.metrics import GatewayMetrics
 from kvpilot_gateway.options import Settings
-from kvpilot_server.errors import ModelNotFoundError, OverloadedError, UnavailableError
 
 # A replica marked down after a failed connection comes back with the next good scrape, which
 # no watch event announces: look again at least this often.

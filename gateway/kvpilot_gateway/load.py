@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 
 # A replica whose KV cache is this full has no room for another request's blocks: a new request
 # waits for running ones to finish, or preempts one and its prefill is computed again.

@@ -15,27 +15,27 @@ import aiohttp
 from lightkube import AsyncClient
 from starlette.applications import Starlette
 
+from kvpilot_common import demand
 from kvpilot_gateway import options
 from kvpilot_gateway.announce import Announcer
 from kvpilot_gateway.app import State, build_app
 from kvpilot_gateway.load import scrape
 from kvpilot_gateway.watch import Watches
-from kvpilot_server import demand
 
 log = logging.getLogger("kvpilot.gateway")
 
 
 def run_gateway(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    from kvpilot_server.api.auth import load_api_keys
-    from kvpilot_server.errors import ConfigError
+    from kvpilot_common.errors import ConfigError
+    from kvpilot_common.http.auth import load_api_keys
 
     try:
         keys = load_api_keys(args.api_key_file)
     except ConfigError as exc:
         log.error("cannot start: %s", exc)
         return 1
-    from kvpilot_server.serve import draining_server, http_config
+    from kvpilot_common.http.serving import draining_server, http_config
 
     try:
         settings = options.settings(args, keys)

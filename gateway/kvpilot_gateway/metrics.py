@@ -4,7 +4,7 @@ namespace and name (not the client's spelling of `model`, which is unbounded).""
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 
 # A cold start is seconds for a small model and minutes for a large one.
 HOLD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)

@@ -7,8 +7,8 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from kvpilot_common.http.limits import BODY_TIMEOUT, add_http_limit_args
 from kvpilot_gateway.names import Policy, parse_reservations
-from kvpilot_server.http_limits import BODY_TIMEOUT, add_http_limit_args
 
 ROUTING = ("prefix-load", "least-load", "round-robin")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

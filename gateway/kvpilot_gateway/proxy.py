@@ -18,8 +18,8 @@ import aiohttp
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from kvpilot_common.http.errors import error_response
 from kvpilot_gateway.headers import end_to_end
-from kvpilot_server.api.errors import error_response
 
 T = TypeVar("T")
 

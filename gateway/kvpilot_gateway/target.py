@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot_common.errors import InvalidRequestError
 from kvpilot_gateway.balance import prefix_key
-from kvpilot_server.errors import InvalidRequestError
 
 # The keys prefix_key() and the model lookup read, at any depth; every other key is dropped as
 # its object is parsed.

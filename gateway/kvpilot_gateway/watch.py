@@ -12,9 +12,9 @@ from typing import Any
 from lightkube import ALL_NS, AsyncClient
 from lightkube.resources.core_v1 import Pod
 
+from kvpilot_common.kube import ModelDeploymentResource
+from kvpilot_common.naming import MANAGED_BY
 from kvpilot_gateway.catalog import Catalog
-from kvpilot_operator.cluster import ModelDeploymentResource
-from kvpilot_operator.naming import MANAGED_BY
 
 log = logging.getLogger("kvpilot.gateway")
 RELIST_SECONDS = 1.0  # after a broken watch: soon, but not in a tight loop against a sick server

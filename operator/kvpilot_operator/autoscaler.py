@@ -7,7 +7,7 @@ again when the daemon stops).
 What stabilization needs (recent recommendations, last decisions) lives in status.autoscaling,
 so an operator restart continues where it left off instead of scaling on a fresh memory.
 
-Requests held at the gateways come from the object's own annotations (kvpilot_server.demand):
+Requests held at the gateways come from the object's own annotations (kvpilot_common.demand):
 read every step, they are also how a missed wake (wake.py) still happens within an interval.
 """
 
@@ -19,13 +19,14 @@ import httpx
 import kopf
 from lightkube.types import PatchType
 
+from kvpilot_common import demand
+from kvpilot_common.kube import ModelDeploymentResource
+from kvpilot_common.naming import PORT
+from kvpilot_common.observe import Window, observe, parse
 from kvpilot_operator import children, crd, metrics
-from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, ModelDeploymentResource, cluster
+from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster
 from kvpilot_operator.decide import HELD, Decision, Inputs, decide, queue_depth
-from kvpilot_operator.engine_flags import PORT
-from kvpilot_operator.observe import Window, observe, parse
 from kvpilot_operator.status import timestamp
-from kvpilot_server import demand
 
 SCRAPE_TIMEOUT_S = 2.0
 DECISIONS_KEPT = 10

@@ -9,8 +9,8 @@ from typing import Any
 
 import kopf
 
+from kvpilot_common.naming import INSTANCE_LABEL, MANAGED_BY
 from kvpilot_operator.cluster import RESOURCE
-from kvpilot_operator.naming import INSTANCE_LABEL, MANAGED_BY
 
 MANAGED = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"  # the label selector the watches send
 DEPLOYMENTS = ("apps", "v1", "deployments")

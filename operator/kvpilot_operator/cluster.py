@@ -4,12 +4,12 @@ kopf handlers and the autoscaler share."""
 from typing import Any
 
 from lightkube import ApiError, Client
-from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
+from kvpilot_common.kube import ModelDeploymentResource
 from kvpilot_operator import crd
 
 KINDS: dict[str, Any] = {
@@ -19,7 +19,6 @@ KINDS: dict[str, Any] = {
 }
 FIELD_MANAGER = "kvpilot-operator"
 RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)  # what the kopf handlers watch
-ModelDeploymentResource = create_namespaced_resource(crd.GROUP, crd.VERSION, crd.KIND, crd.PLURAL)
 RETRY_SECONDS = 5  # after an API error; kopf's default of 60 s leaves status stale too long
 _cluster: "Cluster | None" = None
 

@@ -10,8 +10,6 @@ from typing import Any
 
 import yaml
 
-GROUP, VERSION, PLURAL, KIND = "kvpilot.dev", "v1alpha1", "modeldeployments", "ModelDeployment"
-
 
 @cache
 def crd() -> dict[str, Any]:

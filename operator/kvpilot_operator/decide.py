@@ -8,7 +8,7 @@ burst), and a scale-down needs that window fully observed. Steps are limited; wh
 still loading neither direction moves (their effect is not visible yet), missing metrics hold
 scale-down; the result is clamped to min/max, and clamping is reported.
 
-Requests held at a gateway (kvpilot_server.demand) are queue depth like any other: at zero
+Requests held at a gateway (kvpilot_common.demand) are queue depth like any other: at zero
 replicas they wake the model at once (wake(), also what the gateway's event handler applies),
 above zero they add to the pods' queue. A model a request waited for within the window does
 not go idle: its first requests have not reached its metrics yet.

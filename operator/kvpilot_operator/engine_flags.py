@@ -1,5 +1,7 @@
 """The pod's file layout and the `kvpilot serve` flags a ModelDeployment's spec turns into."""
 
+from kvpilot_common import precision
+from kvpilot_common.naming import PORT
 from kvpilot_operator.fit import (
     DTYPES,
     KV_CACHE_DTYPES,
@@ -9,9 +11,7 @@ from kvpilot_operator.fit import (
     tensor_parallel_size,
 )
 from kvpilot_operator.source import problem, pvc
-from kvpilot_server import precision
 
-PORT = 8000
 CACHE_DIR = "/var/cache/kvpilot"  # model cache volume: downloads and converted models
 PVC_DIR = "/models"  # where a pvc:// claim is mounted
 KEYS_DIR = "/etc/kvpilot/keys"

@@ -8,9 +8,8 @@ from typing import Any
 
 from lightkube.utils.quantity import parse_quantity
 
-from kvpilot_operator.source import problem as source_problem
-from kvpilot_server import parallelism, precision
-from kvpilot_server.memory_model import (
+from kvpilot_common import parallelism, precision
+from kvpilot_common.memory_model import (
     GPU_COMPUTE_CAPABILITY,
     GPU_MEMORY_MIB,
     KNOWN_MODELS,
@@ -19,6 +18,7 @@ from kvpilot_server.memory_model import (
     ModelShape,
     plan,
 )
+from kvpilot_operator.source import problem as source_problem
 
 CPU_HEADROOM_BYTES = 1 << 30
 # spec.engine's precision fields, CRD spelling -> the engine's rule (its .name is the flag value).

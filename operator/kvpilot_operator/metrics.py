@@ -1,8 +1,8 @@
-"""The operator's own Prometheus metrics (names in kvpilot_server.metric_names)."""
+"""The operator's own Prometheus metrics (names in kvpilot_common.metric_names)."""
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 
 LABELS = ["namespace", "name"]
 desired = Gauge(names.OPERATOR_DESIRED_REPLICAS, "Replicas the autoscaler asks for", LABELS)

@@ -130,7 +130,7 @@ GATEWAY = (
         ("list", "watch", "patch"),
         "the models it serves and their served names come from a watch (watch.py); it "
         "server-side-applies its held.gateway.kvpilot.dev/<gateway id> annotation "
-        "(announce.py, kvpilot_server.demand), which wakes a model scaled to zero",
+        "(announce.py, kvpilot_common.demand), which wakes a model scaled to zero",
     ),
     Permission(
         "",

@@ -8,16 +8,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from kvpilot_common.naming import PORT, PORT_NAME, labels, selector_labels
 from kvpilot_operator.engine_flags import (
     CACHE_DIR,
     KEYS_DIR,
-    PORT,
     PVC_DIR,
     engine_args,
     model_path,
 )
 from kvpilot_operator.fit import model_cache_gib
-from kvpilot_operator.naming import labels, selector_labels
 from kvpilot_operator.source import pvc
 
 PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and load balancers notice the pod is gone
@@ -142,7 +141,7 @@ def server_container(spec: dict, image: str, name: str) -> Object:
         "name": "server",
         "image": image,
         "args": ["serve", *engine_args(spec, name)],
-        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
         "env": [
             {"name": "KVPILOT_CACHE", "value": CACHE_DIR},
             {"name": "HF_HOME", "value": f"{CACHE_DIR}/hf"},

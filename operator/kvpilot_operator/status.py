@@ -2,7 +2,7 @@
 
 The conditions name the real cause, read from the pods themselves: the scheduler's message for
 an unschedulable pod, the kubelet's for an image that cannot be pulled, OOMKilled, and the
-server's own termination message when it could not start (kvpilot_server.termination), and
+server's own termination message when it could not start (kvpilot_common.termination), and
 the API server's when it refused a child the reconcile applied (rejection.py).
 """
 
@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot_common import termination
+from kvpilot_common.naming import endpoint, selector
 from kvpilot_operator import rejection
 from kvpilot_operator.fit import Fit
-from kvpilot_operator.naming import endpoint, selector
 from kvpilot_operator.render import desired_replicas
-from kvpilot_server import termination
 
 _IMAGE_PULL = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
 _CONFIG = {"CreateContainerConfigError", "CreateContainerError"}

@@ -16,11 +16,11 @@ from typing import Any
 
 import kopf
 
+from kvpilot_common import demand
 from kvpilot_operator import crd
 from kvpilot_operator.autoscaler import scale
 from kvpilot_operator.cluster import RESOURCE
 from kvpilot_operator.decide import Decision, wake
-from kvpilot_server import demand
 
 
 def woken(body: kopf.Body | dict, now: float) -> Decision | None:

@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass
 
-from kvpilot_server import precision
-from kvpilot_server.errors import ConfigError
+from kvpilot_common import precision
+from kvpilot_common.errors import ConfigError
 
 GiB = 1 << 30
 

@@ -3,7 +3,7 @@
 import argparse
 import dataclasses
 
-from kvpilot_server import precision
+from kvpilot_common import precision
 from kvpilot_server.config import EngineConfig
 
 _FP8 = f"CUDA, compute capability {precision.FP8_MIN_COMPUTE_CAPABILITY_TEXT}+"

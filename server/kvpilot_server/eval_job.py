@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot_server import precision
+from kvpilot_common import precision
 
 PROMPT_TOKENS = 64  # agreement and speed prompts
 SPEED_BATCH = 32
@@ -45,9 +45,9 @@ class Job:
 
 def run_job(job: Job) -> dict:
     """One config, in this process: build the engine, time it, then measure quality."""
+    from kvpilot_common.memory_model import kv_bytes_per_token, shape_from_config
     from kvpilot_server import LLM
     from kvpilot_server.engine.model_setup import resolve_device, resolve_dtype
-    from kvpilot_server.memory_model import kv_bytes_per_token, shape_from_config
 
     config = json.loads((_model_path(job.model) / "config.json").read_text())
     # The KV cache's dtype for the engine below, to size its cache in advance.
@@ -168,7 +168,7 @@ def _agreement(llm, prompts: list[list[int]], continuations: list[list[int]]) ->
 
 
 if __name__ == "__main__":
-    from kvpilot_server.errors import ConfigError
+    from kvpilot_common.errors import ConfigError
 
     try:
         print(json.dumps(run_job(Job(**json.load(sys.stdin)))))

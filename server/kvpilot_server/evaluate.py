@@ -19,22 +19,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from kvpilot_server import precision
+from kvpilot_common import precision
+from kvpilot_common.prose import default_text
 from kvpilot_server.eval_job import Job
-
-
-def default_text() -> str:
-    """Prose paragraphs of the Python reference documentation that ships with every CPython."""
-    from pydoc_data.topics import topics
-
-    paragraphs = [p for key in sorted(topics) for p in topics[key].split("\n\n")]
-    prose = [
-        " ".join(p.split())
-        for p in paragraphs
-        if len(p) > 200 and not p[0].isspace() and "::=" not in p and ">>>" not in p
-    ]
-    return "\n\n".join(prose)
-
 
 LM_HEAD = "+lm_head-"  # a config's lm_head suffix, e.g. int4-g32+lm_head-int8
 

@@ -5,8 +5,8 @@ import json
 import sys
 from typing import Any, TextIO
 
+from kvpilot_common.errors import KvpilotError
 from kvpilot_server.engine_args import engine_config
-from kvpilot_server.errors import KvpilotError
 from kvpilot_server.sampling_params import SamplingParams
 
 _PER_LINE = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens")

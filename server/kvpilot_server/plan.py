@@ -1,13 +1,12 @@
 """`kvpilot plan`: will a model fit, and how many sequences will its KV cache hold? The memory
-model (kvpilot_server.memory_model) applied to a model and a device, without loading anything."""
+model (kvpilot_common.memory_model) applied to a model and a device, without loading anything."""
 
 import argparse
 import json
 from pathlib import Path
 
-from kvpilot_server import parallelism, precision
-from kvpilot_server.engine_args import parse_bytes
-from kvpilot_server.memory_model import (
+from kvpilot_common import parallelism, precision
+from kvpilot_common.memory_model import (
     GPU_MEMORY_MIB,
     KNOWN_MODELS,
     MiB,
@@ -15,6 +14,7 @@ from kvpilot_server.memory_model import (
     plan,
     shape_from_config,
 )
+from kvpilot_server.engine_args import parse_bytes
 
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from kvpilot_server.errors import InvalidRequestError
+from kvpilot_common.errors import InvalidRequestError
 
 _MIN_TEMPERATURE = 1e-5
 

@@ -244,7 +244,7 @@ def fail_closed(model_dir, key_file: str, env_keys: str | None, limit_s: float =
     if env_keys is not None:
         env["KVPILOT_API_KEYS"] = env_keys
     port = free_port()
-    cmd = [sys.executable, "-m", "kvpilot_server.cli", "serve", "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "kvpilot_common.cli", "serve", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--model", str(model_dir), "--kv-cache-bytes", "16MiB"]
     cmd += ["--max-model-len", "256", "--api-key-file", key_file]
     with tempfile.TemporaryFile(mode="w+") as log:

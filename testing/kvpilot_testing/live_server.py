@@ -21,7 +21,7 @@ def start_server(*args: str, timeout: float = 300.0, host: str = "127.0.0.1", po
     cmd = [
         sys.executable,
         "-m",
-        "kvpilot_server.cli",
+        "kvpilot_common.cli",
         "serve",
         "--host",
         host,

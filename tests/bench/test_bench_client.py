@@ -7,11 +7,11 @@ import json
 import httpx
 import pytest
 
-from kvpilot_server.bench import tokens
-from kvpilot_server.bench.client import Endpoint, Record, body, send
-from kvpilot_server.bench.plan import Planned
-from kvpilot_server.bench.prompts import Job, Prompt
-from kvpilot_server.bench.workload import Distribution, RequestClass
+from kvpilot_bench import tokens
+from kvpilot_bench.client import Endpoint, Record, body, send
+from kvpilot_bench.plan import Planned
+from kvpilot_bench.prompts import Job, Prompt
+from kvpilot_bench.workload import Distribution, RequestClass
 
 ROOT = "http://bench.test"
 FIXED = Distribution("fixed", {"value": 8.0})

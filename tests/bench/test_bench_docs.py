@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from kvpilot_server.bench.workload import parse, presets
-from kvpilot_server.cli import build_parser
+from kvpilot_bench.workload import parse, presets
+from kvpilot_common.cli import build_parser
 from tests.operator.crd_rules import errors
 
 ROOT = Path(__file__).parents[2]

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from kvpilot_server.bench.report import validate
-from kvpilot_server.bench.server_metrics import outcomes
+from kvpilot_bench.report import validate
+from kvpilot_bench.server_metrics import outcomes
 from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 CHAT = {
@@ -60,7 +60,7 @@ def _workload(tmp_path, classes, arrival, duration=4.0, name="w"):
 
 
 def _bench(*args, timeout=120) -> tuple[subprocess.CompletedProcess, dict]:
-    command = [sys.executable, "-m", "kvpilot_server.cli", "bench", "--no-progress", *args]
+    command = [sys.executable, "-m", "kvpilot_common.cli", "bench", "--no-progress", *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     out = args[args.index("--json-out") + 1]
     return done, json.loads(Path(out).read_text()) if done.returncode in (0, 130) else {}
@@ -135,7 +135,7 @@ def test_429s_are_rejections_not_latencies(small_server, tmp_path):
 def test_ctrl_c_stops_cleanly_and_still_reports(tiny_server, tmp_path):
     workload = _workload(tmp_path, [CHAT, SUMMARIZE], {"process": "constant", "rate": 4}, 60.0)
     json_out = tmp_path / "r.json"
-    command = [sys.executable, "-m", "kvpilot_server.cli", "bench", "--no-progress", "--url",
+    command = [sys.executable, "-m", "kvpilot_common.cli", "bench", "--no-progress", "--url",
                tiny_server, "--workload", workload, "--json-out", str(json_out)]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

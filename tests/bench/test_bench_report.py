@@ -10,20 +10,20 @@ import jsonschema
 import pytest
 from PIL import Image
 
-from kvpilot_server.bench import report as reporting
-from kvpilot_server.bench.client import Endpoint, Record
-from kvpilot_server.bench.compare import side_by_side
-from kvpilot_server.bench.plot import plot_runs, plot_sweep
-from kvpilot_server.bench.runner import RunResult
-from kvpilot_server.bench.stats import Slo
-from kvpilot_server.bench.sweep import (
+from kvpilot_bench import report as reporting
+from kvpilot_bench.client import Endpoint, Record
+from kvpilot_bench.compare import side_by_side
+from kvpilot_bench.plot import plot_runs, plot_sweep
+from kvpilot_bench.runner import RunResult
+from kvpilot_bench.stats import Slo
+from kvpilot_bench.sweep import (
     SweepOptions,
     autoscaling_yaml,
     first_rates,
     recommend,
     sweep,
 )
-from kvpilot_server.bench.workload import load
+from kvpilot_bench.workload import load
 
 SLO = Slo(ttft_ms=300, e2e_ms=3000)
 SERVER = {

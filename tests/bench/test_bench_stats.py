@@ -4,8 +4,8 @@ goodput counts what it says, errors never become latencies, and the timeline add
 import numpy as np
 import pytest
 
-from kvpilot_server.bench.client import Record
-from kvpilot_server.bench.stats import Slo, goodput, kind, percentiles, summarize, timeline
+from kvpilot_bench.client import Record
+from kvpilot_bench.stats import Slo, goodput, kind, percentiles, summarize, timeline
 
 SAMPLES = {
     "one to a hundred": np.arange(1, 101) / 1000.0,

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import yaml
 
-from kvpilot_server.bench import plan as planning
-from kvpilot_server.bench.prompts import Corpus, fit, read_jsonl
-from kvpilot_server.bench.workload import WorkloadError, load, parse, presets
+from kvpilot_bench import plan as planning
+from kvpilot_bench.prompts import Corpus, fit, read_jsonl
+from kvpilot_bench.workload import WorkloadError, load, parse, presets
 
 BASE = {
     "name": "t",
@@ -151,7 +151,7 @@ def test_corpus_text_has_about_the_asked_length():
 
 
 def test_the_default_corpus_is_real_text():
-    from kvpilot_server.evaluate import default_text
+    from kvpilot_common.prose import default_text
 
     text = default_text()
     assert len(text) > 100_000 and "statement" in text
@@ -180,7 +180,7 @@ def test_jsonl_prompts(tmp_path):
     ],
 )
 def test_mistakes_end_in_one_line(capsys, args, message):
-    from kvpilot_server.cli import main
+    from kvpilot_common.cli import main
 
     assert main(["bench", "--url", "http://127.0.0.1:9", "--no-progress", *args]) == 2
     err = capsys.readouterr().err

@@ -14,8 +14,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvpilot_operator import crd, naming
-from kvpilot_operator.engine_flags import PORT
+from kvpilot_common import naming
+from kvpilot_common.naming import PORT
+from kvpilot_operator import crd
 from kvpilot_operator.main import add_operator_args
 from kvpilot_operator.render import render as render_model
 from kvpilot_testing.helm import (

@@ -10,9 +10,10 @@ import helm_python
 import kubernetes_validate
 import pytest
 
+from kvpilot_common import naming
 from kvpilot_gateway import options
 from kvpilot_gateway.options import ROUTING, add_gateway_args
-from kvpilot_operator import naming, permissions
+from kvpilot_operator import permissions
 from kvpilot_testing.helm import (
     MONITORING_API,
     NAMESPACE,

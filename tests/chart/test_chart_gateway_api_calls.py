@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import httpx
 
+from kvpilot_common import demand
 from kvpilot_operator import permissions
-from kvpilot_server import demand
 from kvpilot_testing.kube.cluster import MD, wait_for
 from kvpilot_testing.live_server import free_port, terminate
 from tests.chart.live import calls, forbidden, is_public, non_resource
@@ -33,7 +33,7 @@ def test_every_gateway_call_is_declared_and_every_declaration_used(kube, kube_na
     cluster.create(MD, {"metadata": {"name": "asleep"}, "spec": ASLEEP})
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "kvpilot_server.cli", "gateway", "--port", str(port)]
+    argv = [sys.executable, "-m", "kvpilot_common.cli", "gateway", "--port", str(port)]
     argv += ["--namespace", cluster.ns, "--hold-timeout", "3"]
     env = {"KUBECONFIG": str(kube.gateway_kubeconfig), "POD_NAME": "audited-gateway"}
     log = tmp_path / "gateway.log"

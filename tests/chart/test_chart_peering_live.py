@@ -14,8 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvpilot_common import metric_names as names
 from kvpilot_operator import permissions
-from kvpilot_server import metric_names as names
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, Cluster, wait_for
 from kvpilot_testing.kube.install import NAMESPACE, Installed
 from tests.chart.live import OPERATOR, ChartOperator, calls, forbidden, fresh_release

@@ -48,7 +48,7 @@ def client():
     )
     client.apply(crd, field_manager="kvpilot-e2e")
     operator = subprocess.Popen(
-        [sys.executable, "-m", "kvpilot_server.cli", "operator", "-n", NAMESPACE, "--liveness", ""]
+        [sys.executable, "-m", "kvpilot_common.cli", "operator", "-n", NAMESPACE, "--liveness", ""]
     )
     yield client
     operator.terminate()

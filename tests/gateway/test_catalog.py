@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
+from kvpilot_common.errors import ModelNotFoundError
 from kvpilot_gateway.catalog import Catalog, endpoint_of
-from kvpilot_server.errors import ModelNotFoundError
 
 
 def md(

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from openai import OpenAI
 
-from kvpilot_server import demand
+from kvpilot_common import demand
 from kvpilot_testing.kube.cluster import EVENTS, MD, wait_for
 from tests.gateway.live import spec
 

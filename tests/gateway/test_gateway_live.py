@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 from kvpilot_testing.kube.cluster import MD, wait_for
 from tests.gateway.live import spec
 from tests.gateway.test_routing_live import _pod_metric

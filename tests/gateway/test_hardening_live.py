@@ -17,7 +17,7 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from kvpilot_operator.naming import INSTANCE_LABEL, MANAGED_BY
+from kvpilot_common.naming import INSTANCE_LABEL, MANAGED_BY
 from kvpilot_testing import attacks, gateway_attacks
 from kvpilot_testing.kube.cluster import MD, PODS, Cluster, create_namespace, wait_for
 from kvpilot_testing.kube.node import Node, serve_tiny

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from aiohttp import web
 
+from kvpilot_common import metric_names as names
 from kvpilot_gateway.load import Load, Loads, parse_load, scrape
-from kvpilot_server import metric_names as names
 
 DEAD = "127.0.0.1:1"  # nothing listens on port 1: the connection is refused at once
 

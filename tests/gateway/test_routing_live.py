@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvpilot_common import metric_names as names
 from kvpilot_gateway.balance import Balancer, prefix_key
-from kvpilot_server import metric_names as names
 from kvpilot_testing.corpus import CORPUS
 from kvpilot_testing.kube.cluster import MD, wait_for
 from kvpilot_testing.kube.node import PORT

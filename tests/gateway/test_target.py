@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from kvpilot_common.errors import InvalidRequestError
 from kvpilot_gateway.balance import prefix_key
 from kvpilot_gateway.target import parse, parse_cost, renamed
-from kvpilot_server.errors import InvalidRequestError
 
 CHAT = {
     "model": "chat",

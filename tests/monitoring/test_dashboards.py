@@ -1,5 +1,5 @@
 """The generated dashboards and alert rules, without Prometheus: up to date with the generator,
-metric names only from kvpilot_server.metric_names, counters and histograms only through rate()
+metric names only from kvpilot_common.metric_names, counters and histograms only through rate()
 or increase(), every alert documented in docs/runbook.md."""
 
 import json
@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 from scripts import dashboards
 from scripts.dashboards import FILES, ROOT
 

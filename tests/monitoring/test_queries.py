@@ -26,9 +26,9 @@ import httpx
 import pytest
 from prometheus_client import start_http_server
 
+from kvpilot_common import metric_names as names
 from kvpilot_gateway.metrics import GatewayMetrics
 from kvpilot_operator import metrics as operator_metrics
-from kvpilot_server import metric_names as names
 from kvpilot_testing.corpus import CORPUS
 from kvpilot_testing.live_server import start_tiny_server, stop_server
 from scripts.dashboards import FILES, ROOT, alert_groups, dashboards

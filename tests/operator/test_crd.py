@@ -8,9 +8,9 @@ import pytest
 import re2
 import yaml
 
+from kvpilot_common import parallelism
+from kvpilot_common.memory_model import KNOWN_MODELS
 from kvpilot_operator import crd, source
-from kvpilot_server import parallelism
-from kvpilot_server.memory_model import KNOWN_MODELS
 from tests.operator.crd_rules import errors, schema_errors
 
 SAMPLES = sorted((Path(__file__).parents[2] / "crds" / "samples").glob("*.yaml"))

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from kvpilot_common import demand
 from kvpilot_operator.decide import Inputs, decide, queue_depth, wake
-from kvpilot_server import demand
 from tests.operator.scaling import scaling
 
 SCALING = scaling(
@@ -137,7 +137,7 @@ def test_a_restart_continues_from_the_history_kept_in_status():
     assert after_restart.replicas == 6  # the busy minutes still count: no scale-down yet
 
 
-# -- requests held at the gateway (kvpilot_server.demand) ---------------------------------------
+# -- requests held at the gateway (kvpilot_common.demand) ---------------------------------------
 
 ZERO = scaling(
     minReplicas=0,

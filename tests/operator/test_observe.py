@@ -5,8 +5,8 @@ leaving."""
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
-from kvpilot_operator.observe import Window, histogram_quantile, observe, parse
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
+from kvpilot_common.observe import Window, histogram_quantile, observe, parse
 
 
 class FakePod:

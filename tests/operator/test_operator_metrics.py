@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvpilot_common import metric_names as names
+from kvpilot_common.observe import Window
 from kvpilot_operator import autoscaler, crd, handlers, metrics
-from kvpilot_operator.observe import Window
-from kvpilot_server import metric_names as names
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, wait_for
 from kvpilot_testing.kube.node import Node
 from kvpilot_testing.live_server import free_port

@@ -8,9 +8,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kvpilot_common import cli
 from kvpilot_operator import crd
 from kvpilot_operator.render import render
-from kvpilot_server import cli
 
 SAMPLES = sorted((Path(__file__).parents[2] / "crds" / "samples").glob("*.yaml"))
 # The oldest version we support (PreStop sleep needs 1.30) and the newest the package knows.

@@ -5,9 +5,9 @@ every sample and every spec the CRD accepts in the tests, parse with the CLI's o
 import pytest
 import yaml
 
+from kvpilot_common.cli import build_parser
 from kvpilot_operator import crd
 from kvpilot_operator.render import render
-from kvpilot_server.cli import build_parser
 from tests.operator.test_crd import ACCEPTED_CASES, FIELD_CASES, SAMPLES, _with
 
 SPECS = {

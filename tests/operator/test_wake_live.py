@@ -1,5 +1,5 @@
 """Scale from zero on the real control plane with the real operator: a ModelDeployment at zero
-replicas wakes when a gateway's held-requests annotation (kvpilot_server.demand) says requests
+replicas wakes when a gateway's held-requests annotation (kvpilot_common.demand) says requests
 wait for it, at once, from the watch event (the periodic autoscaler is set to a long interval
 here, so only the event handler can be what woke it). A stale entry (its gateway gone) wakes
 nothing, nor does demand for a model whose autoscaling is off. No node is needed: the test
@@ -7,7 +7,7 @@ reads spec.replicas and the Deployment's replicas, not pods."""
 
 import time
 
-from kvpilot_server import demand
+from kvpilot_common import demand
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, EVENTS, MD, Cluster, wait_for
 
 AUTOSCALING = {

@@ -11,7 +11,7 @@ import pytest
 
 def _kvpilot(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvpilot_server.cli", *args],
+        [sys.executable, "-m", "kvpilot_common.cli", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -67,7 +67,7 @@ def _serve_failure(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, s
     log = tmp_path / "termination-log"
     log.touch()  # Kubernetes provides the file; outside a pod nothing is written
     result = subprocess.run(
-        [sys.executable, "-m", "kvpilot_server.cli", "serve", *args],
+        [sys.executable, "-m", "kvpilot_common.cli", "serve", *args],
         capture_output=True,
         text=True,
         timeout=120,

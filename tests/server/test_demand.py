@@ -1,11 +1,11 @@
-"""kvpilot_server.demand, the annotation contract between the gateways and the operator: names
+"""kvpilot_common.demand, the annotation contract between the gateways and the operator: names
 the API server accepts, a round trip, stale and malformed entries."""
 
 import re
 
 import pytest
 
-from kvpilot_server import demand
+from kvpilot_common import demand
 
 # An annotation key: an optional DNS-subdomain prefix and "/", then a name part of at most 63
 # characters, alphanumeric at both ends (the API server's validation).

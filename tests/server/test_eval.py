@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from kvpilot_server.evaluate import default_text, parse_configs
+from kvpilot_common.prose import default_text
+from kvpilot_server.evaluate import parse_configs
 
 
 def test_the_default_text_is_prose_read_from_the_machine():
@@ -48,7 +49,7 @@ def test_eval_measures_each_precision_against_float32():
         [
             sys.executable,
             "-m",
-            "kvpilot_server.cli",
+            "kvpilot_common.cli",
             "eval",
             "--configs",
             configs,

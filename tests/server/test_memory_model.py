@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kvpilot_server import LLM
-from kvpilot_server.memory_model import (
+from kvpilot_common.memory_model import (
     KNOWN_MODELS,
     kv_bytes_per_token,
     shape_from_config,
     weight_bytes,
 )
+from kvpilot_server import LLM
 
 
 def test_shapes_from_config_count_every_parameter(tiny_model):
@@ -76,7 +76,7 @@ def test_predicted_weights_and_kv_match_what_the_engine_allocates(smollm2, kv_ca
 
 def _plan(*args: str) -> tuple[int, dict]:
     result = subprocess.run(
-        [sys.executable, "-m", "kvpilot_server.cli", "plan", "--json", *args],
+        [sys.executable, "-m", "kvpilot_common.cli", "plan", "--json", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -119,7 +119,7 @@ def test_plan_splits_a_model_across_gpus():
         [
             sys.executable,
             "-m",
-            "kvpilot_server.cli",
+            "kvpilot_common.cli",
             "plan",
             *seventy,
             "--tensor-parallel-size",

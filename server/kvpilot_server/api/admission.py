@@ -17,13 +17,13 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
-from kvpilot_server.engine.llm_engine import EngineStats
-from kvpilot_server.errors import (
+from kvpilot_common.errors import (
     DrainingError,
     InvalidRequestError,
     OverloadedError,
     RequestTimeoutError,
 )
+from kvpilot_server.engine.llm_engine import EngineStats
 
 _RATE_WINDOW_S = 30.0
 _IDLE_RETRY_S = 5  # no completion seen lately: nothing to estimate from

@@ -16,11 +16,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from kvpilot_common.errors import KvpilotError, ModelNotFoundError
+from kvpilot_common.http.auth import ApiKeyMiddleware
+from kvpilot_common.http.body import read_body
+from kvpilot_common.http.errors import error_response, from_exception
 from kvpilot_server.api.admission import Admission
-from kvpilot_server.api.auth import ApiKeyMiddleware
-from kvpilot_server.api.body import read_body
 from kvpilot_server.api.completions import CLIENT_CLOSED, Completions
-from kvpilot_server.api.errors import error_response, from_exception, from_validation
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.openapi import openapi_document
 from kvpilot_server.api.prompts import ContextOverflow, chat_prompt, text_prompt
@@ -32,7 +33,6 @@ from kvpilot_server.api.protocol import (
 )
 from kvpilot_server.api.request_scope import RequestScope
 from kvpilot_server.engine.async_engine import AsyncEngine
-from kvpilot_server.errors import KvpilotError, ModelNotFoundError
 
 TRUNCATED_HEADER = "X-KVPilot-Dropped-Messages"
 log = logging.getLogger(__name__)
@@ -122,7 +122,8 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         return from_exception(exc)
 
     async def invalid_body(_: Request, exc: Exception) -> Response:
-        return from_validation(exc)  # type: ignore[arg-type]
+        assert isinstance(exc, ValidationError)
+        return from_validation(exc)
 
     async def client_left(_: Request, exc: Exception) -> Response:
         return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the access log does
@@ -157,3 +158,13 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
     )
     app.state.admission = admission  # the server's drain waits for it to empty
     return app
+
+
+def from_validation(exc: ValidationError) -> JSONResponse:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or None
+    if first["type"] == "json_invalid":
+        return error_response(400, f"Request body is not valid JSON: {first['msg']}")
+    if where is None and first["type"] == "model_type":
+        return error_response(400, "Request body must be a JSON object")
+    return error_response(400, f"{where}: {first['msg']}" if where else first["msg"], where)

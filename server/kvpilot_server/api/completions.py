@@ -16,16 +16,16 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from kvpilot_common.errors import InvalidRequestError, OverloadedError
+from kvpilot_common.http.errors import from_exception
 from kvpilot_server.api import responses
 from kvpilot_server.api.access_log import log_request
 from kvpilot_server.api.admission import Admission
-from kvpilot_server.api.errors import from_exception
 from kvpilot_server.api.fanout import merge
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import SamplingFields
 from kvpilot_server.api.request_scope import exit_stack
 from kvpilot_server.engine.async_engine import AsyncEngine
-from kvpilot_server.errors import InvalidRequestError, OverloadedError
 from kvpilot_server.outputs import RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
 

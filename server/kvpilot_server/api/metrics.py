@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.engine.async_engine import AsyncEngine
 from kvpilot_server.engine.llm_engine import EngineStats

@@ -21,11 +21,11 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from kvpilot_common.errors import EngineDeadError, RequestFailedError
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.inputs import InputProcessor
 from kvpilot_server.engine.llm_engine import EngineStats, LLMEngine
 from kvpilot_server.engine.sequence import Priority
-from kvpilot_server.errors import EngineDeadError, RequestFailedError
 from kvpilot_server.outputs import RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
 

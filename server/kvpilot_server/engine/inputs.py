@@ -10,7 +10,7 @@ import math
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from kvpilot_server.errors import ContextOverflowError, InvalidRequestError
+from kvpilot_common.errors import ContextOverflowError, InvalidRequestError
 from kvpilot_server.sampling_params import SamplingParams
 
 Message = dict[str, str]

@@ -12,9 +12,9 @@ from types import ModuleType
 
 import torch
 
-from kvpilot_server import precision
+from kvpilot_common import precision
+from kvpilot_common.errors import ConfigError
 from kvpilot_server.engine.model_config import ModelConfig
-from kvpilot_server.errors import ConfigError
 
 _MIN_SCALE = 1e-8  # an all-zero head still gets a finite scale
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from kvpilot_common.errors import InvalidRequestError, ModelLoadError, StepFailedError
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine import kv_cache
 from kvpilot_server.engine.block_pool import BlockPool
@@ -33,7 +34,6 @@ from kvpilot_server.engine.sampler import Sampler
 from kvpilot_server.engine.scheduler import Scheduler
 from kvpilot_server.engine.sequence import Priority, Sequence
 from kvpilot_server.engine.tp_workers import Workers, tensor_parallel_size
-from kvpilot_server.errors import InvalidRequestError, ModelLoadError, StepFailedError
 from kvpilot_server.models.resolve import resolve_model
 from kvpilot_server.outputs import RequestMetrics, RequestOutput
 from kvpilot_server.sampling_params import SamplingParams

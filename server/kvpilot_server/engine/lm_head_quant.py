@@ -22,11 +22,11 @@ import logging
 import torch
 from torch import nn
 
-from kvpilot_server import precision
+from kvpilot_common import precision
+from kvpilot_common.errors import ConfigError
 from kvpilot_server.engine import cpu_kernels
 from kvpilot_server.engine.direct import Direct
 from kvpilot_server.engine.quant import KERNEL_MAX_ROWS, DenseBuffer, quantize_int8
-from kvpilot_server.errors import ConfigError
 
 log = logging.getLogger(__name__)
 # Vocabulary rows expanded per matmul on the chunked path: the buffer holds a sixth of SmolLM2's

@@ -8,10 +8,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig
 
+from kvpilot_common.errors import ModelLoadError
 from kvpilot_server.engine.llama import LlamaForCausalLM
 from kvpilot_server.engine.model_config import ModelConfig
 from kvpilot_server.engine.parallel import SINGLE, TensorParallel, check, local_config, shard
-from kvpilot_server.errors import ModelLoadError
 
 
 def load_model(

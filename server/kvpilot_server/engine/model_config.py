@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PretrainedConfig
 
-from kvpilot_server import precision
-from kvpilot_server.errors import ModelLoadError, UnsupportedArchitectureError
+from kvpilot_common import precision
+from kvpilot_common.errors import ModelLoadError, UnsupportedArchitectureError
 
 # Rope types whose frequencies do not depend on the sequence length at run time.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")

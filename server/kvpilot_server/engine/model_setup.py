@@ -7,7 +7,8 @@ from types import ModuleType
 
 import torch
 
-from kvpilot_server import precision
+from kvpilot_common import precision
+from kvpilot_common.errors import ConfigError
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine import half_matrices, kv_cache
 from kvpilot_server.engine.llama import LlamaForCausalLM
@@ -21,7 +22,6 @@ from kvpilot_server.engine.parallel import (
     share_int8_scales,
 )
 from kvpilot_server.engine.quant import quantize
-from kvpilot_server.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 all-reduce after each row-parallel projection.
 
 Column-parallel (each rank a slice of the output rows): the fused qkv projection (its query
-heads and KV heads, kvpilot_server.parallelism says which) and the fused gate/up projection
+heads and KV heads, kvpilot_common.parallelism says which) and the fused gate/up projection
 (its columns of the intermediate size). Row-parallel (each rank a slice of the input columns):
 o_proj and down_proj, whose partial sums one all-reduce adds up. Their biases are added on rank
 0 alone, so the sum counts them once. Norms, the embedding and lm_head are replicated: sampling
@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kvpilot_server import parallelism
+from kvpilot_common import parallelism
+from kvpilot_common.errors import ConfigError
 from kvpilot_server.engine.model_config import ModelConfig
 from kvpilot_server.engine.quant import quantize_int8
-from kvpilot_server.errors import ConfigError
 
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW = ("o_proj", "down_proj")

@@ -26,11 +26,11 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from kvpilot_server import termination
+from kvpilot_common import termination
+from kvpilot_common.errors import ConfigError
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.model_runner import StepPlan
 from kvpilot_server.engine.parallel import TensorParallel, join
-from kvpilot_server.errors import ConfigError
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "kvpilot_server.engine.tp_worker"

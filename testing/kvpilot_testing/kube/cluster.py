@@ -75,7 +75,7 @@ class Cluster:
         All, installed for the session); tests clean their namespace up before it stops."""
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KVPILOT_IMAGE": "kvpilot:test"}
         self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
-        cmd = [sys.executable, "-m", "kvpilot_server.cli", "operator"]
+        cmd = [sys.executable, "-m", "kvpilot_common.cli", "operator"]
         cmd += [f"--namespace={n}" for n in namespaces]
         cmd += ["--liveness", self.liveness, "--metrics-port", str(metrics_port)]
         self._log = log.open("ab")

@@ -29,7 +29,7 @@ class Gateway:
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> "Gateway":
-        cmd = [sys.executable, "-m", "kvpilot_server.cli", "gateway", "--host", "127.0.0.1"]
+        cmd = [sys.executable, "-m", "kvpilot_common.cli", "gateway", "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), "--namespace", self.namespace, *self.args]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "POD_NAME": "gateway-test-0"}
         env |= self.extra_env

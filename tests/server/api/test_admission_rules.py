@@ -3,10 +3,10 @@ admitting, slots given back on every exit, Retry-After spread, the timeout ceili
 
 import pytest
 
+from kvpilot_common.errors import InvalidRequestError, OverloadedError
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.engine.llm_engine import EngineStats
 from kvpilot_server.engine.sequence import Priority
-from kvpilot_server.errors import InvalidRequestError, OverloadedError
 
 
 def _stats(running: int = 0, waiting: int = 0) -> EngineStats:

@@ -4,7 +4,7 @@ inter-token-latency histogram, through the official client against a live server
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 
 PROMPT = [{"role": "user", "content": "Name a river."}]
 SAMPLED = {"temperature": 1.0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 from kvpilot_server.api.context import drop_oldest_turns
 from kvpilot_server.api.prompts import chat_prompt
 from kvpilot_server.engine.inputs import InputProcessor

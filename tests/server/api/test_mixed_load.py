@@ -9,7 +9,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 
 WORDS = [
     "the",

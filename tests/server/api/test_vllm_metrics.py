@@ -7,7 +7,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 # More concurrent long requests than the server runs at once, so some wait: both sums are

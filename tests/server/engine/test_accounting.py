@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from kvpilot_common.errors import StepFailedError
 from kvpilot_server import LLM, SamplingParams
-from kvpilot_server.errors import StepFailedError
 
 
 def _assert_all_free(llm: LLM) -> None:

@@ -5,10 +5,10 @@ import time
 
 import pytest
 
+from kvpilot_common.errors import ContextOverflowError, EngineDeadError, RequestFailedError
 from kvpilot_server import SamplingParams
 from kvpilot_server.engine.async_engine import AsyncEngine
 from kvpilot_server.engine.sequence import Sequence
-from kvpilot_server.errors import ContextOverflowError, EngineDeadError, RequestFailedError
 
 
 @pytest.fixture

@@ -5,14 +5,14 @@ import json
 import pytest
 from safetensors.torch import save_file
 
-from kvpilot_server import LLM, SamplingParams
-from kvpilot_server.errors import (
+from kvpilot_common.errors import (
     ConfigError,
     ContextOverflowError,
     InvalidRequestError,
     ModelLoadError,
     UnsupportedArchitectureError,
 )
+from kvpilot_server import LLM, SamplingParams
 
 
 def test_prompt_longer_than_context_is_rejected_and_others_finish(tiny_dir, corpus_ids):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvpilot_server.errors import ModelLoadError
+from kvpilot_common.errors import ModelLoadError
 from kvpilot_server.models import builtin
 
 

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from kvpilot_common.errors import ConfigError
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine import cpu_kernels
 from kvpilot_server.engine.attention import (
@@ -20,7 +21,6 @@ from kvpilot_server.engine.attention import (
     visible_keys,
 )
 from kvpilot_server.engine.kv_cache import LayerCache, dequantize, quantize
-from kvpilot_server.errors import ConfigError
 
 MiB = 1 << 20
 kernel = cpu_kernels.load()

@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import nn
 
+from kvpilot_common.errors import ConfigError
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine import lm_head_quant
 from kvpilot_server.engine.lm_head_quant import Int8Embedding, Int8LmHead, quantize_lm_head
 from kvpilot_server.engine.loader import load_model
 from kvpilot_server.engine.quant import KERNEL_MAX_ROWS, int8_activations, quantize_int8
-from kvpilot_server.errors import ConfigError
 
 MiB = 1 << 20
 CPU = torch.device("cpu")
@@ -27,7 +27,7 @@ TOLERANCE = 0.01
 
 
 def _kvpilot(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "kvpilot_server.cli", *args]
+    command = [sys.executable, "-m", "kvpilot_common.cli", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from kvpilot_common.errors import ConfigError
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine import cpu_kernels
@@ -19,7 +20,6 @@ from kvpilot_server.engine.quant import (
     int8_activations,
     quantize_int8,
 )
-from kvpilot_server.errors import ConfigError
 
 SHAPES = [(1536, 576, True), (576, 1536, False), (96, 64, True)]
 # Relative output error allowed per format, for nn.Linear's own initialisation: int8 per

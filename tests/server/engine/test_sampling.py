@@ -4,8 +4,8 @@ prompt logprobs."""
 import pytest
 import torch
 
+from kvpilot_common.errors import InvalidRequestError
 from kvpilot_server import LLM, SamplingParams
-from kvpilot_server.errors import InvalidRequestError
 
 
 def test_seeded_request_samples_the_same_tokens_whatever_the_batch(tiny_llm, corpus_ids):

@@ -9,8 +9,9 @@ import random
 import pytest
 from transformers import AutoConfig
 
-from kvpilot_server import LLM, SamplingParams, parallelism
-from kvpilot_server.errors import ConfigError
+from kvpilot_common import parallelism
+from kvpilot_common.errors import ConfigError
+from kvpilot_server import LLM, SamplingParams
 
 MiB = 1 << 20
 

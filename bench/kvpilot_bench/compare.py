@@ -1,7 +1,7 @@
 """Compare: the same plan (same seed, same prompts, same arrival times) against two endpoints,
 one after the other so that they never compete for the machine, reported side by side."""
 
-from kvpilot_server.bench.report import align
+from kvpilot_bench.report import align
 
 
 def _cell(value: float | None, unit: str = "") -> str:

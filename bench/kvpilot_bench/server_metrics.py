@@ -1,7 +1,7 @@
 """What a kvpilot server says about the run on its /metrics, read as its autoscaler reads it.
 
 While requests run, /metrics is scraped every second and fed to the operator's own observe()
-(kvpilot_operator/observe.py): the average interactive queue (kvpilot_requests_waiting) and the
+(kvpilot_common/observe.py): the average interactive queue (kvpilot_requests_waiting) and the
 p95 of time to first token and of end-to-end latency from the histogram buckets' increase over
 the run. Those are the numbers spec.autoscaling.targetQueueDepth and
 targetLatencyP95Milliseconds are compared with, so a sweep can recommend targets in the
@@ -16,8 +16,8 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpilot_operator.observe import Window, observe, parse
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
+from kvpilot_common.observe import Window, observe, parse
 
 _LATENCIES = {"ttft": "TimeToFirstToken", "e2e": "EndToEnd"}
 

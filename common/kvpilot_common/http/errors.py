@@ -1,11 +1,10 @@
 """Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}; never a traceback."""
 
 from http import HTTPStatus
-from typing import TYPE_CHECKING
 
 from starlette.responses import JSONResponse
 
-from kvpilot_server.errors import (
+from kvpilot_common.errors import (
     BodyTimeoutError,
     InvalidRequestError,
     ModelNotFoundError,
@@ -15,9 +14,6 @@ from kvpilot_server.errors import (
     RequestTimeoutError,
     UnavailableError,
 )
-
-if TYPE_CHECKING:  # the gateway answers in this shape too, and has no pydantic
-    from pydantic import ValidationError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -43,16 +39,6 @@ def error_response(
         }
     }
     return JSONResponse(body, status_code=status, headers=headers)
-
-
-def from_validation(exc: "ValidationError") -> JSONResponse:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or None
-    if first["type"] == "json_invalid":
-        return error_response(400, f"Request body is not valid JSON: {first['msg']}")
-    if where is None and first["type"] == "model_type":
-        return error_response(400, "Request body must be a JSON object")
-    return error_response(400, f"{where}: {first['msg']}" if where else first["msg"], where)
 
 
 def from_exception(exc: Exception) -> JSONResponse:

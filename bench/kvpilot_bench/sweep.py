@@ -11,7 +11,7 @@ answer. Every step is a full run of the workload's classes under Poisson arrival
 import math
 from dataclasses import dataclass
 
-from kvpilot_server.bench.stats import Slo
+from kvpilot_bench.stats import Slo
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvpilot_server.bench.client import Record
+from kvpilot_bench.client import Record
 
 PERCENTILES = (50, 90, 95, 99)
 ERROR_KINDS = (

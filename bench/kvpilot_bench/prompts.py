@@ -15,9 +15,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot_server.bench.plan import Planned
-from kvpilot_server.bench.tokens import Counter
-from kvpilot_server.evaluate import default_text
+from kvpilot_bench.plan import Planned
+from kvpilot_bench.tokens import Counter
+from kvpilot_common.prose import default_text
 
 DEFAULT_CHAT_OVERHEAD = 64  # tokens assumed for a chat template the server cannot count for us
 _JOIN_MARGIN = 8  # paragraph joins may tokenize a few tokens longer than their parts

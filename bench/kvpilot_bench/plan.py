@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvpilot_server.bench.workload import Arrival, Distribution, RequestClass, Workload
+from kvpilot_bench.workload import Arrival, Distribution, RequestClass, Workload
 
 _CHUNK = 4096  # candidate arrivals drawn at a time
 

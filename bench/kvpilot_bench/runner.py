@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 import httpx
 from tqdm import tqdm
 
-from kvpilot_server.bench.client import Endpoint, Record, send
-from kvpilot_server.bench.prompts import Job
-from kvpilot_server.bench.server_metrics import Scraper
-from kvpilot_server.bench.workload import Workload
+from kvpilot_bench.client import Endpoint, Record, send
+from kvpilot_bench.prompts import Job
+from kvpilot_bench.server_metrics import Scraper
+from kvpilot_bench.workload import Workload
 
 
 @dataclass

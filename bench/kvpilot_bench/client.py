@@ -19,7 +19,7 @@ from http import HTTPStatus
 
 import httpx
 
-from kvpilot_server.bench.prompts import Job
+from kvpilot_bench.prompts import Job
 
 # OpenAI-shaped error bodies name the status as a code ("request_timeout"); back to numbers.
 _CODES = {s.phrase.lower().replace(" ", "_"): s.value for s in HTTPStatus}

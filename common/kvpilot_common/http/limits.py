@@ -1,8 +1,8 @@
 """The HTTP limits every kvpilot listener enforces on its clients, `kvpilot serve` and
 `kvpilot gateway` alike: one set of numbers and flags, so the front door is never looser than
 the server behind it. Standard library only: the CLI builds both parsers before knowing which
-extras are installed. The protocol that enforces the header limits is api/http_protocol.py,
-the body limits api/body.py."""
+extras are installed. The protocol that enforces the header limits is http/protocol.py,
+the body limits http/body.py."""
 
 import argparse
 

@@ -16,12 +16,12 @@ replica holds as many tokens as one GPU's KV budget does. Norms (a few thousand 
 layer) are counted as split, though replicated.
 
 The bytes per weight and per KV element, and the architectures' layouts, are
-kvpilot_server.precision's: the engine allocates by the same rules.
+kvpilot_common.precision's: the engine allocates by the same rules.
 """
 
 from dataclasses import dataclass
 
-from kvpilot_server import parallelism, precision
+from kvpilot_common import parallelism, precision
 
 MiB = 1 << 20
 GiB = 1 << 30

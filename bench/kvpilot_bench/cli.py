@@ -81,6 +81,6 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from kvpilot_server.bench.command import main
+    from kvpilot_bench.command import main
 
     return main(args)

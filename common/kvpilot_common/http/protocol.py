@@ -10,7 +10,7 @@ raw bytes (httptools gathers one header's value in full before it reports it, so
 endless header would otherwise grow without bound). Trailer fields of a chunked request never
 join the request's headers: uvicorn would append them to the scope's header list after the app
 had read it (the API key checked), where a proxy would forward them. Body reads are timed and
-limited by the app (api/body.py), where the request is known. The gateway serves with this
+limited by the app (http/body.py), where the request is known. The gateway serves with this
 same protocol.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from kvpilot_server.http_limits import HEADER_TIMEOUT, MAX_HEADER_BYTES
+from kvpilot_common.http.limits import HEADER_TIMEOUT, MAX_HEADER_BYTES
 
 _TOO_LARGE_RESPONSE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8"

@@ -9,9 +9,9 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 
-from kvpilot_server.bench import stats
-from kvpilot_server.bench.client import Record
-from kvpilot_server.bench.runner import RunResult
+from kvpilot_bench import stats
+from kvpilot_bench.client import Record
+from kvpilot_bench.runner import RunResult
 
 SCHEMA_PATH = Path(__file__).parent / "report.schema.json"
 SCHEMA_ID = "kvpilot-bench-report/v1"

@@ -1,4 +1,11 @@
-"""Names and labels of a ModelDeployment's children: fixed, so reconciling is idempotent."""
+"""The names every side agrees on: the ModelDeployment's API names, the labels of its children
+(fixed, so reconciling is idempotent) and the port the model server listens on in its pod."""
+
+# The CRD (crds/, the schema's one source) declares the same; tests hold them equal.
+GROUP, VERSION, PLURAL, KIND = "kvpilot.dev", "v1alpha1", "modeldeployments", "ModelDeployment"
+# The model server's container port, its number and name (rendered by the operator, dialled by
+# the gateway and the autoscaler).
+PORT, PORT_NAME = 8000, "http"
 
 NAME_LABEL, INSTANCE_LABEL = "app.kubernetes.io/name", "app.kubernetes.io/instance"
 # On every child: what the operator's watches select (children.py).

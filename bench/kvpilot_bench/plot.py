@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvpilot_server.bench.runner import RunResult
+from kvpilot_bench.runner import RunResult
 
 _STYLES = ("-", "--", ":", "-.")
 _DPI = 80

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from starlette.requests import ClientDisconnect, Request
 
-from kvpilot_server.errors import BodyTimeoutError, PayloadTooLargeError
-from kvpilot_server.http_limits import MAX_BODY_BYTES
+from kvpilot_common.errors import BodyTimeoutError, PayloadTooLargeError
+from kvpilot_common.http.limits import MAX_BODY_BYTES
 
 
 async def read_body(

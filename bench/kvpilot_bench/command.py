@@ -13,12 +13,12 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot_server.bench import plan, prompts, report, runner, tokens
-from kvpilot_server.bench.client import Endpoint
-from kvpilot_server.bench.compare import side_by_side
-from kvpilot_server.bench.stats import Slo
-from kvpilot_server.bench.sweep import SweepOptions, autoscaling_yaml, sweep
-from kvpilot_server.bench.workload import Workload, WorkloadError, load
+from kvpilot_bench import plan, prompts, report, runner, tokens
+from kvpilot_bench.client import Endpoint
+from kvpilot_bench.compare import side_by_side
+from kvpilot_bench.stats import Slo
+from kvpilot_bench.sweep import SweepOptions, autoscaling_yaml, sweep
+from kvpilot_bench.workload import Workload, WorkloadError, load
 
 INTERRUPTED = 130
 
@@ -159,7 +159,7 @@ async def _main(args: argparse.Namespace) -> int:
         doc = report.document("sweep", reports, section)
         print(_sweep_text(section))
         if args.plot_out:
-            from kvpilot_server.bench.plot import plot_sweep
+            from kvpilot_bench.plot import plot_sweep
 
             plot_sweep(section, reports, args.plot_out)
     else:
@@ -175,7 +175,7 @@ async def _main(args: argparse.Namespace) -> int:
             print(side_by_side(reports))
         doc = report.document("compare" if args.compare else "run", reports)
         if args.plot_out and results:
-            from kvpilot_server.bench.plot import plot_runs
+            from kvpilot_bench.plot import plot_runs
 
             plot_runs(results, reports, args.plot_out)
     report.validate(doc)

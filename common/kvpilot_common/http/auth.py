@@ -13,8 +13,8 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvpilot_server.api.errors import error_response
-from kvpilot_server.errors import ConfigError
+from kvpilot_common.errors import ConfigError
+from kvpilot_common.http.errors import error_response
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
 ENV_VAR = "KVPILOT_API_KEYS"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpilot_server import metric_names as names
+from kvpilot_common import metric_names as names
 
 LATENCY_METRICS = {
     "TimeToFirstToken": names.TIME_TO_FIRST_TOKEN,

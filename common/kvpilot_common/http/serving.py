@@ -1,0 +1,70 @@
+"""How a kvpilot listener runs under uvicorn, the server's and the gateway's alike: the protocol
+that bounds the request line and headers, no text access log, and a drain on SIGTERM."""
+
+import argparse
+import asyncio
+import time
+
+
+def http_config(app, args: argparse.Namespace, **overrides):
+    """uvicorn's settings for a kvpilot listener (the server's and the gateway's): the protocol
+    that bounds the request line and headers in size and time (--header-timeout), and no text
+    access log (kvpilot.access logs each request as JSON)."""
+    import uvicorn
+
+    from kvpilot_common.http.protocol import with_header_timeout
+
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        access_log=False,
+        http=with_header_timeout(args.header_timeout),
+        **overrides,
+    )
+
+
+def draining_server():
+    """uvicorn's Server with a drain; `admission` is anything with `draining` and `in_flight`
+    (the gateway drains the same way), and optionally `on_drain()`, called on the event loop
+    when the drain starts (the gateway answers its held requests then)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """On the first SIGTERM/SIGINT keep serving while in-flight requests finish (new ones
+        get 503 and /ready fails, so Kubernetes stops routing here), then exit: at the drain
+        timeout at the latest, whatever is still open (uvicorn alone would wait for every
+        connection, however long a stream runs). A second signal exits at once."""
+
+        def __init__(self, config, admission, drain_timeout: float) -> None:
+            # What is left after the drain is cut, not waited for.
+            config.timeout_graceful_shutdown = EXIT_GRACE_SECONDS
+            super().__init__(config)
+            self.admission, self.drain_timeout = admission, drain_timeout
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.admission.draining:
+                super().handle_exit(sig, frame)
+                return
+            self.admission.draining = True
+            # Signal handlers run on the event loop's thread, between its callbacks.
+            asyncio.get_event_loop().call_soon_threadsafe(
+                lambda: asyncio.ensure_future(self._drain())
+            )
+
+        async def _drain(self) -> None:
+            on_drain = getattr(self.admission, "on_drain", None)
+            if on_drain is not None:
+                on_drain()
+            deadline = time.monotonic() + self.drain_timeout
+            while self.admission.in_flight > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            self.should_exit = True
+
+    return DrainingServer
+
+
+# After the drain (or with nothing in flight): uvicorn's own shutdown closes idle connections
+# and waits at most this long for the rest before cancelling them.
+EXIT_GRACE_SECONDS = 1

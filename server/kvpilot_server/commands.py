@@ -1,0 +1,58 @@
+"""The flags of `kvpilot serve` and `kvpilot generate`. Standard library only: the CLI builds
+every parser before it knows which extras are installed."""
+
+import argparse
+
+from kvpilot_common.http.limits import add_http_limit_args
+from kvpilot_common.naming import PORT
+from kvpilot_server.engine_args import add_engine_args
+
+
+def add_generate_args(generate: argparse.ArgumentParser) -> None:
+    generate.add_argument("prompts", nargs="*", help="prompt strings")
+    generate.add_argument("--input", "-i", help="JSONL file of requests ('-' for stdin)")
+    generate.add_argument("--output", "-o", help="JSONL file for results (default stdout)")
+    generate.add_argument("--chat", action="store_true", help="apply the chat template to prompts")
+    generate.add_argument("--max-tokens", type=int, default=128)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    add_engine_args(generate)
+
+
+def add_serve_args(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=PORT)
+    serve.add_argument("--served-model-name", help="model name clients use (default: --model)")
+    serve.add_argument(
+        "--api-key-file",
+        help="file of API keys, one per line (also: "
+        "KVPILOT_API_KEYS=key1,key2); /health, /ready and /metrics stay open",
+    )
+    serve.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="requests allowed to wait for the engine; more get 429 + Retry-After",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="seconds before a request is aborted with 408; a ceiling: a request's own "
+        "timeout may shorten it, never extend it",
+    )
+    add_http_limit_args(serve)
+    serve.add_argument(
+        "--context-overflow",
+        choices=["reject", "truncate-oldest"],
+        default="reject",
+        help="a chat longer than the context: reject with 400, or drop the oldest non-system "
+        "turns until it fits (response header X-KVPilot-Dropped-Messages says how many)",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to let in-flight requests finish after SIGTERM",
+    )
+    add_engine_args(serve)
