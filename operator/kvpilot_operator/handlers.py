@@ -24,6 +24,7 @@ from kvpilot_operator import children, crd, metrics, rejection
 from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster
 from kvpilot_operator.fit import check
 from kvpilot_operator.render import render
+from kvpilot_operator.spec import Spec
 from kvpilot_operator.status import changed, is_warning, status, timestamp
 
 # Nothing is polled: this only bounds how long a missed event could leave status stale.
@@ -66,13 +67,13 @@ def reconcile(body: kopf.Body, patch: kopf.Patch, name: str, namespace: str, **_
 
 def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
     md = crd.defaulted(body)
-    meta = md["metadata"]
+    meta, spec = md["metadata"], Spec.from_defaulted(md)
     # A spec that cannot fit creates no pods that would only OOM; what runs keeps running.
     # keep_status() says why, from the same check.
-    if check(md["spec"]).fits is False:
+    if check(spec).fits is False:
         _forget_rejection(meta, patch)  # nothing was applied, so nothing was refused
         return
-    objects = render(md, image(), pull_secrets())
+    objects = render(meta["name"], meta["namespace"], spec, image(), pull_secrets())
     kopf.adopt(objects, owner=body)
     # In render()'s order, Deployment first: a refused Deployment leaves no new Service or PDB
     # behind (and an existing model keeps its children as they were). A Service or PDB refused
@@ -143,7 +144,8 @@ def report(body: kopf.Body, deployment: dict | None, pods: list[dict], written: 
     change. Returns what is written now (`written` plus this write)."""
     md = crd.defaulted(body)
     name, namespace = md["metadata"]["name"], md["metadata"]["namespace"]
-    new = status(md, deployment, pods, check(md["spec"]), timestamp())
+    spec = Spec.from_defaulted(md)
+    new = status(md, spec, deployment, pods, check(spec), timestamp())
     if not md["metadata"].get("deletionTimestamp"):  # forget() drops them on deletion
         metrics.set_replicas(
             namespace, name, new["desiredReplicas"], new["replicas"], new["readyReplicas"]

@@ -18,6 +18,7 @@ from kvpilot_operator import crd, naming
 from kvpilot_operator.engine_flags import PORT
 from kvpilot_operator.main import add_operator_args
 from kvpilot_operator.render import render as render_model
+from kvpilot_operator.spec import Spec
 from kvpilot_testing.helm import (
     MONITORING_API,
     NAMESPACE,
@@ -107,8 +108,8 @@ def _container(found: list[dict]) -> dict:
 
 def _model_objects() -> list[dict]:
     body = crd.with_defaults(yaml.safe_load(SAMPLE.read_text()))
-    body["metadata"]["namespace"] = "team-a"
-    return render_model(body, "kvpilot:test")
+    name = body["metadata"]["name"]
+    return render_model(name, "team-a", Spec.from_defaulted(body), "kvpilot:test")
 
 
 def _matches(selector: dict, labels: dict) -> bool:
