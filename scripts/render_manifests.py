@@ -53,7 +53,7 @@ CONFIGURATIONS: dict[str, dict] = {
 def model_objects() -> list[dict]:
     body = crd.with_defaults(yaml.safe_load(SAMPLE.read_text()))
     name = body["metadata"]["name"]
-    return render_model(name, NAMESPACE, Spec.from_defaulted(body), MODEL_IMAGE)
+    return list(render_model(name, NAMESPACE, Spec.from_defaulted(body), MODEL_IMAGE).apply)
 
 
 def main() -> None:

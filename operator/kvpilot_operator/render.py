@@ -1,10 +1,14 @@
-"""render(ModelDeployment) -> the Kubernetes objects that serve it. Pure: same input, same output.
+"""render(ModelDeployment) -> the plan that serves it: the Kubernetes objects to apply, in order,
+and the children to delete. Pure: same input, same output; handlers.reconcile() only carries it
+out, so every rule about which children exist (a PodDisruptionBudget only above one replica)
+lives here, where it is tested without a cluster.
 
 Children have fixed names (the ModelDeployment's own), so create-or-patch is idempotent and an
 operator restart finds what it made. Owner references are added by the handler (kopf.adopt).
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kvpilot_operator.engine_flags import PORT
 from kvpilot_operator.naming import labels, selector_labels
@@ -12,12 +16,31 @@ from kvpilot_operator.pod import Object, pod_spec
 from kvpilot_operator.spec import Spec
 
 
+@dataclass(frozen=True)
+class Removal:
+    """A child the spec no longer has; deleting one already gone is no error."""
+
+    kind: str
+    name: str
+    namespace: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    # Deployment first: the API server refusing it leaves no new Service or PDB behind.
+    apply: tuple[Object, ...]
+    delete: tuple[Removal, ...] = ()
+
+
 def render(
     name: str, namespace: str, spec: Spec, image: str, pull_secrets: Sequence[str] = ()
-) -> list[Object]:
-    """Deployment and Service, plus a PodDisruptionBudget when more than one replica runs.
-    `image` is the operator's own version, used unless spec.image names another; model pods pull
-    with `pull_secrets` (Secret names each model namespace must hold), as the operator does."""
+) -> Plan:
+    """Deployment and Service, plus a PodDisruptionBudget when more than one replica runs (a
+    voluntary disruption such as a node drain then takes them one at a time; a budget of one
+    unavailable out of one protects nothing, so below two the plan deletes any left from a
+    larger size). `image` is the operator's own version, used unless spec.image names another;
+    model pods pull with `pull_secrets` (Secret names each model namespace must hold), as the
+    operator does."""
     meta = {"name": name, "namespace": namespace, "labels": labels(name)}
     replicas = spec.desired_replicas
     objects = [
@@ -25,8 +48,8 @@ def render(
         service(meta, spec),
     ]
     if replicas > 1:
-        objects.append(pod_disruption_budget(meta))
-    return objects
+        return Plan((*objects, pod_disruption_budget(meta)))
+    return Plan(tuple(objects), (Removal("PodDisruptionBudget", name, namespace),))
 
 
 def pod_disruption_budget(meta: dict) -> Object:

@@ -109,7 +109,7 @@ def _container(found: list[dict]) -> dict:
 def _model_objects() -> list[dict]:
     body = crd.with_defaults(yaml.safe_load(SAMPLE.read_text()))
     name = body["metadata"]["name"]
-    return render_model(name, "team-a", Spec.from_defaulted(body), "kvpilot:test")
+    return list(render_model(name, "team-a", Spec.from_defaulted(body), "kvpilot:test").apply)
 
 
 def _matches(selector: dict, labels: dict) -> bool:

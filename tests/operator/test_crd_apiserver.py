@@ -101,8 +101,8 @@ def test_what_the_crd_accepts_the_children_take(http, obj):
     returned = dry_run(http, MD, as_sent(obj)).raise_for_status().json()
     md = crd.defaulted(returned)
     meta = md["metadata"]
-    spec = Spec.from_defaulted(md)
-    for child in render.render(meta["name"], meta["namespace"], spec, "kvpilot:test"):
+    plan = render.render(meta["name"], meta["namespace"], Spec.from_defaulted(md), "kvpilot:test")
+    for child in plan.apply:
         response = dry_run(http, CHILDREN[child["kind"]], child)
         assert response.status_code == 201, (child["kind"], response.json()["message"])
 

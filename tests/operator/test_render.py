@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from kvpilot_operator import crd
-from kvpilot_operator.render import render
+from kvpilot_operator.render import Removal, render
 from kvpilot_operator.spec import Spec
 from kvpilot_server import cli
 
@@ -28,7 +28,8 @@ def _body(sample: Path) -> dict:
 def _render(body: dict, image: str = IMAGE, pull_secrets: tuple[str, ...] = ()) -> list[dict]:
     """What render() applies for a defaulted ModelDeployment."""
     meta = body["metadata"]
-    return render(meta["name"], meta["namespace"], Spec.from_defaulted(body), image, pull_secrets)
+    plan = render(meta["name"], meta["namespace"], Spec.from_defaulted(body), image, pull_secrets)
+    return list(plan.apply)
 
 
 def _by_kind(objects: list[dict]) -> dict[str, dict]:
@@ -126,6 +127,28 @@ def test_pvc_sample_mounts_the_claim_and_schedules_as_asked():
     assert pod["priorityClassName"] == "inference-high"
     flag = _flags(pod["containers"][0]["args"])
     assert flag["--model"] == "/models/llama-3.1-8b-instruct" and flag["--kv-cache-dtype"] == "fp8"
+
+
+@pytest.mark.parametrize(("replicas", "budget"), [(0, False), (1, False), (2, True), (3, True)])
+def test_a_pod_disruption_budget_only_above_one_replica_and_deleted_below(replicas, budget):
+    body = _body(SAMPLES[0])
+    body["spec"]["replicas"] = replicas
+    plan = render("m", "models", Spec.from_defaulted(body), IMAGE)
+    assert [o["kind"] for o in plan.apply][:2] == ["Deployment", "Service"]  # Deployment first
+    gone = Removal("PodDisruptionBudget", "m", "models")
+    if budget:
+        assert plan.apply[-1]["kind"] == "PodDisruptionBudget" and plan.delete == ()
+    else:
+        assert len(plan.apply) == 2 and plan.delete == (gone,)
+
+
+def test_autoscaling_bounds_the_replicas_a_budget_is_decided_on():
+    body = _body(SAMPLES[0])
+    body["spec"]["replicas"] = 1
+    body["spec"]["autoscaling"] |= {"enabled": True, "minReplicas": 2, "targetQueueDepth": 4}
+    plan = render("m", "models", Spec.from_defaulted(body), IMAGE)
+    assert plan.apply[0]["spec"]["replicas"] == 2  # raised to minReplicas
+    assert plan.apply[-1]["kind"] == "PodDisruptionBudget" and plan.delete == ()
 
 
 def test_render_is_deterministic_and_a_spec_change_changes_the_pod_template():

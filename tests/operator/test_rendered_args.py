@@ -28,8 +28,8 @@ def _server_args(obj: dict) -> list[str]:
     obj = crd.with_defaults(obj)
     obj["metadata"].setdefault("namespace", "default")
     name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
-    objects = render(name, namespace, Spec.from_defaulted(obj), "kvpilot:test", ())
-    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    plan = render(name, namespace, Spec.from_defaulted(obj), "kvpilot:test", ())
+    (deployment,) = [o for o in plan.apply if o["kind"] == "Deployment"]
     (server,) = [
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "server"
     ]
