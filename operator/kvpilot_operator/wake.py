@@ -20,6 +20,7 @@ from kvpilot_operator import crd
 from kvpilot_operator.autoscaler import scale
 from kvpilot_operator.cluster import RESOURCE
 from kvpilot_operator.decide import Decision, wake
+from kvpilot_operator.spec import Spec
 from kvpilot_server import demand
 
 
@@ -29,8 +30,8 @@ def woken(body: kopf.Body | dict, now: float) -> Decision | None:
     held = demand.read(meta.get("annotations"), now).held
     if held <= 0 or meta.get("deletionTimestamp"):
         return None  # every status write comes here too: decided without copying the object
-    spec = crd.defaulted(body)["spec"]
-    return wake(spec["replicas"], held, spec["autoscaling"])
+    spec = Spec.from_defaulted(crd.defaulted(body))
+    return wake(spec.replicas, held, spec.autoscaling)
 
 
 def _asleep_and_wanted(body: kopf.Body, type: str | None = None, **_: Any) -> bool:
