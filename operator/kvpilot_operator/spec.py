@@ -147,8 +147,8 @@ class Autoscaling:
 
 @dataclass(frozen=True)
 class Scheduling:
-    """Passed to the pod as written: the CRD checks none of it but nodeSelector's value types,
-    and the API server refuses what is wrong (rejection.py)."""
+    """Passed to the pod as written: the CRD checks little of it (tolerations and affinity not at
+    all), and the API server refuses what is wrong (rejection.py)."""
 
     node_selector: Mapping[str, str] | None = None
     tolerations: tuple[Mapping[str, Any], ...] = ()

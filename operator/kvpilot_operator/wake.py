@@ -43,4 +43,4 @@ async def wake_on_demand(body: kopf.Body, **_: Any) -> None:
     decision = woken(body, time.time())  # the filter's answer, unless the clock crossed STALE
     if decision is not None:
         md = crd.defaulted(body)
-        await asyncio.to_thread(scale, md, md["spec"]["replicas"], decision)
+        await asyncio.to_thread(scale, md, Spec.from_defaulted(md).replicas, decision)
