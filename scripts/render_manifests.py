@@ -25,6 +25,7 @@ import yaml
 
 from kvpilot_operator import crd
 from kvpilot_operator.render import render as render_model
+from kvpilot_operator.spec import Spec
 from kvpilot_testing.helm import NAMESPACE, objects, render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,8 +52,8 @@ CONFIGURATIONS: dict[str, dict] = {
 
 def model_objects() -> list[dict]:
     body = crd.with_defaults(yaml.safe_load(SAMPLE.read_text()))
-    body["metadata"].setdefault("namespace", NAMESPACE)
-    return render_model(body, MODEL_IMAGE)
+    name = body["metadata"]["name"]
+    return list(render_model(name, NAMESPACE, Spec.from_defaulted(body), MODEL_IMAGE).apply)
 
 
 def main() -> None:

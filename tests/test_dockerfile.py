@@ -20,6 +20,7 @@ import yaml
 
 from kvpilot_operator import crd
 from kvpilot_operator.render import render
+from kvpilot_operator.spec import Spec
 
 ROOT = Path(__file__).parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -153,8 +154,8 @@ def test_server_targets_carry_the_model_converted_at_build_time():
 def _pod() -> dict:
     sample = ROOT / "crds" / "samples" / "builtin-cpu.yaml"
     body = crd.with_defaults(yaml.safe_load(sample.read_text()))
-    body["metadata"].setdefault("namespace", "models")
-    (deployment,) = [o for o in render(body, "kvpilot:test") if o["kind"] == "Deployment"]
+    plan = render(body["metadata"]["name"], "models", Spec.from_defaulted(body), "kvpilot:test")
+    (deployment,) = [o for o in plan.apply if o["kind"] == "Deployment"]
     return deployment["spec"]["template"]["spec"]
 
 

@@ -14,6 +14,7 @@ import yaml
 from kvpilot_common import precision
 from kvpilot_operator import crd
 from kvpilot_operator.engine_flags import engine_args
+from kvpilot_operator.spec import Spec
 from kvpilot_server.engine_args import add_engine_args, engine_config
 from tests.test_packaging import _hidden, _hiding_env, _python
 
@@ -85,7 +86,7 @@ def test_every_crd_value_reaches_the_engine_as_a_value_it_accepts(gpus):
         body["spec"]["resources"]["gpus"] = gpus
         body["spec"]["engine"] |= dict(zip(FIELDS, values, strict=True))
         body["spec"]["engine"]["quantizationGroupSize"] = group
-        server = _accepted_by_the_engine(engine_args(body["spec"], "m"))
+        server = _accepted_by_the_engine(engine_args(Spec.from_defaulted(body), "m"))
         for field, value in zip(FIELDS, values, strict=True):
             table, _, attribute = FIELDS[field]
             assert getattr(server, attribute) == precision.by_crd(table)[value].name

@@ -26,6 +26,7 @@ from kvpilot_common.observe import Window, observe, parse
 from kvpilot_operator import children, crd, metrics
 from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster
 from kvpilot_operator.decide import HELD, Decision, Inputs, decide, queue_depth
+from kvpilot_operator.spec import Spec
 from kvpilot_operator.status import timestamp
 
 SCRAPE_TIMEOUT_S = 2.0
@@ -68,12 +69,12 @@ async def autoscale(
         async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
             while not stopped:
                 md = crd.defaulted(body)  # body is live: the newest spec
-                scaling = md["spec"]["autoscaling"]
-                if window is None or window.seconds != scaling["windowSeconds"]:
-                    window = Window(scaling["windowSeconds"])
+                scaling = Spec.from_defaulted(md).autoscaling
+                if window is None or window.seconds != scaling.window_seconds:
+                    window = Window(scaling.window_seconds)
                 # The pods from the operator's watch (children.py): no API call per step.
                 await step(md, window, client, children.pods(owned_pods, namespace, name))
-                await stopped.wait(scaling["intervalSeconds"])
+                await stopped.wait(scaling.interval_seconds)
     finally:
         # Stopped: autoscaling turned off or the ModelDeployment deleted (handlers.forget drops
         # the rest then), or the operator exits: nothing updates the autoscaler's gauges any
@@ -84,21 +85,22 @@ async def autoscale(
 
 
 async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[dict]) -> Decision:
-    meta, spec = md["metadata"], md["spec"]
-    name, namespace, scaling = meta["name"], meta["namespace"], spec["autoscaling"]
+    """One decision for the defaulted ModelDeployment `md`, written."""
+    meta, spec = md["metadata"], Spec.from_defaulted(md)
+    name, namespace, scaling = meta["name"], meta["namespace"], spec.autoscaling
     pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     ready = [p for p in pods if _ready(p)]
     now = time.time()
     texts = await _scrape(client, ready)
     for pod, text in texts.items():
         if text is not None:
-            window.add(pod, parse(text, now, scaling["latencyMetric"]))
+            window.add(pod, parse(text, now, scaling.latency_metric))
     window.keep_only(p for p, t in texts.items() if t is not None)
     failures = sum(1 for t in texts.values() if t is None)
     observed = observe(window, now)
     wanted = demand.read(meta.get("annotations"), now)
     inputs = Inputs(
-        current=spec["replicas"],
+        current=spec.replicas,
         starting=len(pods) - len(ready),
         pods_scraped=observed.pods if observed else 0,
         scrape_failures=failures,
@@ -114,7 +116,7 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
     await asyncio.to_thread(_write, md, inputs, decision, state, now, len(pods), len(ready))
     labels = (namespace, name)
     metrics.scrape_failures.labels(*labels).inc(failures)
-    metrics.max_replicas.labels(*labels).set(scaling["maxReplicas"])
+    metrics.max_replicas.labels(*labels).set(scaling.max_replicas)
     queue = queue_depth(inputs)
     if queue is not None:
         metrics.queue.labels(*labels).set(queue)

@@ -17,6 +17,8 @@ not go idle: its first requests have not reached its metrics yet.
 import math
 from dataclasses import dataclass, replace
 
+from kvpilot_operator.spec import Autoscaling
+
 Recommendation = tuple[float, int]  # (time, replicas)
 HELD = "held at the gateway"  # in every wake's reason: what the scale events metric labels Demand
 
@@ -43,24 +45,24 @@ class Decision:
     history: list[Recommendation]  # to keep (on the object) for the next decision
 
 
-def _metric_name(scaling: dict) -> str:
-    return "p95 TTFT" if scaling["latencyMetric"] == "TimeToFirstToken" else "p95 latency"
+def _metric_name(scaling: Autoscaling) -> str:
+    return "p95 TTFT" if scaling.latency_metric == "TimeToFirstToken" else "p95 latency"
 
 
 def _requests(held: int) -> str:
     return f"{held} request{'' if held == 1 else 's'} {HELD}"
 
 
-def wake(current: int, held: int, scaling: dict) -> Decision | None:
+def wake(current: int, held: int, scaling: Autoscaling) -> Decision | None:
     """At zero replicas with requests held: the replicas to start now, and why (None: stay).
     No stabilization: every held request waits for the first replica; the periodic
     autoscaler sizes further once the pods report."""
-    if current != 0 or held <= 0 or not scaling.get("enabled"):
+    if current != 0 or held <= 0 or not scaling.enabled:
         return None
-    lo, hi, step = scaling["minReplicas"], scaling["maxReplicas"], scaling["scaleUp"]
-    queue_target = scaling.get("targetQueueDepth")
+    lo, hi, step = scaling.min_replicas, scaling.max_replicas, scaling.scale_up
+    queue_target = scaling.target_queue_depth
     wanted = max(1, math.ceil(held / queue_target) if queue_target else 1)
-    target = min(wanted, current + step["maxStepReplicas"])
+    target = min(wanted, current + step.max_step_replicas)
     clamped = min(max(target, lo, 1), hi)
     reason = f"{_requests(held)}: {current} -> {clamped}"
     if clamped != target:
@@ -75,14 +77,11 @@ def queue_depth(inputs: Inputs) -> float | None:
     return (inputs.queue_per_replica or 0.0) + inputs.held / max(inputs.pods_scraped, 1)
 
 
-def _raw(inputs: Inputs, scaling: dict, now: float) -> tuple[int, str]:
+def _raw(inputs: Inputs, scaling: Autoscaling, now: float) -> tuple[int, str]:
     """The unstabilized recommendation and what drives it."""
     # Scale from the pods that produced the metrics: replicas still starting add nothing yet.
-    current, window = max(inputs.pods_scraped, 1), scaling["windowSeconds"]
-    queue_target, p95_target = (
-        scaling.get("targetQueueDepth"),
-        scaling.get("targetLatencyP95Milliseconds"),
-    )
+    current, window = max(inputs.pods_scraped, 1), scaling.window_seconds
+    queue_target, p95_target = scaling.target_queue_depth, scaling.target_latency_p95_milliseconds
     queue = queue_depth(inputs)
     wanted = inputs.held > 0 or (
         inputs.last_demand is not None and now - inputs.last_demand <= window
@@ -91,7 +90,7 @@ def _raw(inputs: Inputs, scaling: dict, now: float) -> tuple[int, str]:
     if idle and wanted:
         return inputs.current, f"no traffic over {window}s yet, but requests waited at the gateway"
     if idle:
-        return scaling["minReplicas"], f"no traffic over {window}s"
+        return scaling.min_replicas, f"no traffic over {window}s"
     ratios: list[tuple[float, str]] = []
     if queue_target and queue is not None:
         q = queue
@@ -107,7 +106,7 @@ def _raw(inputs: Inputs, scaling: dict, now: float) -> tuple[int, str]:
     # faster than load near a target and new replicas take a while to load, so a controller
     # that waits for the target itself spends every rise above it (measured in the simulation
     # test: 80% of windows within target that way, 95% with the band).
-    tolerance = scaling["tolerancePercent"] / 100
+    tolerance = scaling.tolerance_percent / 100
     if 1 - 2 * tolerance < ratio <= 1 - tolerance:
         return inputs.current, f"{what} over {window}s, within the target band"
     # Up: aim at the band's top. Down: aim at its floor, since removing a replica raises the
@@ -117,13 +116,13 @@ def _raw(inputs: Inputs, scaling: dict, now: float) -> tuple[int, str]:
     return max(math.ceil(current * ratio / aim), 1 if wanted else 0), f"{what} over {window}s"
 
 
-def decide(inputs: Inputs, scaling: dict, history: list[Recommendation], now: float) -> Decision:
+def decide(
+    inputs: Inputs, scaling: Autoscaling, history: list[Recommendation], now: float
+) -> Decision:
     current = inputs.current
-    lo, hi = scaling["minReplicas"], scaling["maxReplicas"]
-    up, down = scaling["scaleUp"], scaling["scaleDown"]
-    keep = (
-        max(up["stabilizationSeconds"], down["stabilizationSeconds"]) + scaling["intervalSeconds"]
-    )
+    lo, hi = scaling.min_replicas, scaling.max_replicas
+    up, down = scaling.scale_up, scaling.scale_down
+    keep = max(up.stabilization_seconds, down.stabilization_seconds) + scaling.interval_seconds
     history = [(t, r) for t, r in history if now - t <= keep]
     woken = wake(current, inputs.held, scaling)
     if woken is not None:  # the gateway's event handler missed it (or has not run yet)
@@ -142,21 +141,21 @@ def decide(inputs: Inputs, scaling: dict, history: list[Recommendation], now: fl
         # autoscalers overshoot a burst (each interval multiplies the same stale latency).
         hold = f"holding while {inputs.starting} new pods load"
     elif raw > current:
-        recent = [r for t, r in history if now - t <= up["stabilizationSeconds"]]
-        target = min(min(recent), current + up["maxStepReplicas"])
+        recent = [r for t, r in history if now - t <= up.stabilization_seconds]
+        target = min(min(recent), current + up.max_step_replicas)
         hold = "holding while scale-up stabilizes"
     elif raw < current:
-        recent = [r for t, r in history if now - t <= down["stabilizationSeconds"]]
+        recent = [r for t, r in history if now - t <= down.stabilization_seconds]
         observed_since = history[0][0]
-        covered = observed_since <= now - down["stabilizationSeconds"] + scaling["intervalSeconds"]
+        covered = observed_since <= now - down.stabilization_seconds + scaling.interval_seconds
         if inputs.starting:
             hold = f"holding while {inputs.starting} pods load"
         elif inputs.scrape_failures:
             hold = f"holding while {inputs.scrape_failures} pods do not answer"
         else:
-            hold = f"holding for {down['stabilizationSeconds']}s of lower load"
+            hold = f"holding for {down.stabilization_seconds}s of lower load"
             if covered:
-                target = max(max(recent), current - down["maxStepReplicas"])
+                target = max(max(recent), current - down.max_step_replicas)
     clamped = min(max(target, lo), hi)
     reason = (
         f"{why}: {current} -> {clamped}" if clamped != current else f"{why}: {hold} at {current}"

@@ -2,15 +2,15 @@
 
 from kvpilot_common import precision
 from kvpilot_common.naming import PORT
-from kvpilot_operator.fit import (
+from kvpilot_operator.memory_plan import (
     DTYPES,
     KV_CACHE_DTYPES,
     LM_HEAD_QUANTIZATIONS,
     QUANTIZATIONS,
     cpu_kv_cache_bytes,
-    tensor_parallel_size,
 )
 from kvpilot_operator.source import problem, pvc
+from kvpilot_operator.spec import Spec
 
 CACHE_DIR = "/var/cache/kvpilot"  # model cache volume: downloads and converted models
 PVC_DIR = "/models"  # where a pvc:// claim is mounted
@@ -30,47 +30,47 @@ def model_path(source: str) -> str:
     return source  # builtin:// ships in the image
 
 
-def engine_args(spec: dict, name: str) -> list[str]:
-    engine, resources = spec["engine"], spec["resources"]
+def engine_args(spec: Spec, name: str) -> list[str]:
+    engine, resources = spec.engine, spec.resources
     args = {
         "--host": "0.0.0.0",
         "--port": str(PORT),
-        "--model": model_path(spec["model"]["source"]),
-        "--served-model-name": spec["model"].get("servedModelName") or name,
-        "--dtype": DTYPES[engine["dtype"]].name,
-        "--block-size": str(engine["blockSize"]),
-        "--max-num-seqs": str(engine["maxNumSeqs"]),
-        "--max-num-batched-tokens": str(engine["maxNumBatchedTokens"]),
-        "--max-waiting": str(engine["maxWaitingRequests"]),
-        "--drain-timeout": str(spec["probes"]["drainTimeoutSeconds"]),
+        "--model": model_path(spec.model.source),
+        "--served-model-name": spec.model.served_model_name or name,
+        "--dtype": DTYPES[engine.dtype].name,
+        "--block-size": str(engine.block_size),
+        "--max-num-seqs": str(engine.max_num_seqs),
+        "--max-num-batched-tokens": str(engine.max_num_batched_tokens),
+        "--max-waiting": str(engine.max_waiting_requests),
+        "--drain-timeout": str(spec.probes.drain_timeout_seconds),
     }
-    if engine.get("maxModelLen"):
-        args["--max-model-len"] = str(engine["maxModelLen"])
-    if resources["gpus"] or engine.get("tensorParallelSize"):
+    if engine.max_model_len:
+        args["--max-model-len"] = str(engine.max_model_len)
+    if resources.gpus or engine.tensor_parallel_size:
         # One process per GPU, NCCL between them over the pod's /dev/shm volume (shmMiB).
-        args["--tensor-parallel-size"] = str(tensor_parallel_size(spec))
-    if resources["gpus"]:
+        args["--tensor-parallel-size"] = str(spec.tensor_parallel_size)
+    if resources.gpus:
         args["--device"] = "cuda"
-        args["--kv-cache-memory-fraction"] = str(engine["kvCacheMemoryPercent"] / 100)
+        args["--kv-cache-memory-fraction"] = str(engine.kv_cache_memory_percent / 100)
     else:
         args["--device"] = "cpu"
         args["--kv-cache-bytes"] = str(cpu_kv_cache_bytes(spec))
     # Only what differs from the engine's defaults: a pod's flags say what was asked for.
-    quantization = QUANTIZATIONS[engine["quantization"]].name
-    if quantization != precision.DEFAULT_QUANTIZATION:
-        args["--quantization"] = quantization
-    if QUANTIZATIONS[engine["quantization"]].grouped:  # int4: its group size
-        args["--quantization-group-size"] = str(engine["quantizationGroupSize"])
-    kv_cache_dtype = KV_CACHE_DTYPES[engine["kvCacheDtype"]].name
+    quantization = QUANTIZATIONS[engine.quantization]
+    if quantization.name != precision.DEFAULT_QUANTIZATION:
+        args["--quantization"] = quantization.name
+    if quantization.grouped:  # int4: its group size
+        args["--quantization-group-size"] = str(engine.quantization_group_size)
+    kv_cache_dtype = KV_CACHE_DTYPES[engine.kv_cache_dtype].name
     if kv_cache_dtype != precision.DEFAULT_KV_CACHE_DTYPE:
         args["--kv-cache-dtype"] = kv_cache_dtype
-    lm_head = LM_HEAD_QUANTIZATIONS[engine["lmHeadQuantization"]].name
+    lm_head = LM_HEAD_QUANTIZATIONS[engine.lm_head_quantization].name
     if lm_head != precision.DEFAULT_LM_HEAD_QUANTIZATION:
         args["--lm-head-quantization"] = lm_head
-    if spec.get("auth", {}).get("apiKeySecretRef"):
-        args["--api-key-file"] = f"{KEYS_DIR}/{spec['auth']['apiKeySecretRef']['key']}"
+    if spec.api_key_secret_ref:
+        args["--api-key-file"] = f"{KEYS_DIR}/{spec.api_key_secret_ref.key}"
     # One word per flag, --flag=value: argparse reads `--served-model-name -x` as two flags and
     # exits (a crash loop), so a value from the spec must never stand alone where it could look
     # like one.
     flat = [f"{flag}={value}" for flag, value in args.items()]
-    return flat if engine["enablePrefixCaching"] else [*flat, "--no-enable-prefix-caching"]
+    return flat if engine.enable_prefix_caching else [*flat, "--no-enable-prefix-caching"]

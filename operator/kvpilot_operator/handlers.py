@@ -23,7 +23,8 @@ from lightkube import ApiError
 from kvpilot_operator import children, crd, metrics, rejection
 from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster
 from kvpilot_operator.fit import check
-from kvpilot_operator.render import render
+from kvpilot_operator.render import Plan, render
+from kvpilot_operator.spec import Spec
 from kvpilot_operator.status import changed, is_warning, status, timestamp
 
 # Nothing is polled: this only bounds how long a missed event could leave status stale.
@@ -66,13 +67,20 @@ def reconcile(body: kopf.Body, patch: kopf.Patch, name: str, namespace: str, **_
 
 def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
     md = crd.defaulted(body)
-    meta = md["metadata"]
+    meta, spec = md["metadata"], Spec.from_defaulted(md)
     # A spec that cannot fit creates no pods that would only OOM; what runs keeps running.
     # keep_status() says why, from the same check.
-    if check(md["spec"]).fits is False:
+    if check(spec).fits is False:
         _forget_rejection(meta, patch)  # nothing was applied, so nothing was refused
         return
-    objects = render(md, image(), pull_secrets())
+    plan = render(meta["name"], meta["namespace"], spec, image(), pull_secrets())
+    _carry_out(plan, body, patch, meta.get("generation", 1))
+    _forget_rejection(meta, patch)
+
+
+def _carry_out(plan: Plan, body: kopf.Body, patch: kopf.Patch, generation: int) -> None:
+    """Apply the plan's objects, then delete the children it no longer has."""
+    objects = list(plan.apply)
     kopf.adopt(objects, owner=body)
     # In render()'s order, Deployment first: a refused Deployment leaves no new Service or PDB
     # behind (and an existing model keeps its children as they were). A Service or PDB refused
@@ -85,7 +93,7 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
             if not rejection.refused(exc.status.code, exc.status.message):
                 raise  # may pass by itself: kopf retries every RETRY_SECONDS
             answer = exc.status.to_dict()
-            refusal = rejection.record(obj["kind"], answer, meta.get("generation", 1))
+            refusal = rejection.record(obj["kind"], answer, generation)
             patch.metadata.annotations[rejection.ANNOTATION] = refusal
             # Permanent, not kopf's retry: this spec gets this answer every time, so retrying
             # would only log it every 5 s. kopf marks the change handled, the next spec change
@@ -93,9 +101,8 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
             # upgraded API server) tries once more on resume.
             why = rejection.message(answer)
             raise kopf.PermanentError(f"the API server refused the {obj['kind']}: {why}") from None
-    if not any(o["kind"] == "PodDisruptionBudget" for o in objects):
-        cluster().delete("PodDisruptionBudget", meta["name"], meta["namespace"])
-    _forget_rejection(meta, patch)
+    for gone in plan.delete:
+        cluster().delete(gone.kind, gone.name, gone.namespace)
 
 
 def _forget_rejection(meta: dict, patch: kopf.Patch) -> None:
@@ -143,7 +150,8 @@ def report(body: kopf.Body, deployment: dict | None, pods: list[dict], written: 
     change. Returns what is written now (`written` plus this write)."""
     md = crd.defaulted(body)
     name, namespace = md["metadata"]["name"], md["metadata"]["namespace"]
-    new = status(md, deployment, pods, check(md["spec"]), timestamp())
+    spec = Spec.from_defaulted(md)
+    new = status(md, spec, deployment, pods, check(spec), timestamp())
     if not md["metadata"].get("deletionTimestamp"):  # forget() drops them on deletion
         metrics.set_replicas(
             namespace, name, new["desiredReplicas"], new["replicas"], new["readyReplicas"]

@@ -15,7 +15,7 @@ from kvpilot_common import termination
 from kvpilot_common.naming import endpoint, selector
 from kvpilot_operator import rejection
 from kvpilot_operator.fit import Fit
-from kvpilot_operator.render import desired_replicas
+from kvpilot_operator.spec import Spec
 
 _IMAGE_PULL = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
 _CONFIG = {"CreateContainerConfigError", "CreateContainerError"}
@@ -136,11 +136,11 @@ def conditions(
     return [ready_condition, progressing, degraded]
 
 
-def scaling_limited(spec: dict, autoscaling: dict) -> Condition | None:
+def scaling_limited(spec: Spec, autoscaling: dict) -> Condition | None:
     """ScalingLimited from the autoscaler's last step as it recorded it in status.autoscaling
     (the autoscaler writes nothing else, so status.conditions has one writer). None while
     autoscaling is off or before its first step."""
-    if not (spec.get("autoscaling") or {}).get("enabled") or "limited" not in autoscaling:
+    if not spec.autoscaling.enabled or "limited" not in autoscaling:
         return None
     why = autoscaling.get("reason", "")
     if autoscaling["limited"]:
@@ -199,11 +199,12 @@ def is_warning(condition: dict) -> bool:
 
 
 def status(
-    body: dict, deployment: dict | None, pods: list[dict], fit: Fit, now: str
+    body: dict, spec: Spec, deployment: dict | None, pods: list[dict], fit: Fit, now: str
 ) -> dict[str, Any]:
-    meta, spec = body["metadata"], body["spec"]
+    """`body` (defaulted) gives the metadata and the status as stored, `spec` its spec."""
+    meta = body["metadata"]
     generation = meta.get("generation", 1)
-    desired = desired_replicas(spec)
+    desired = spec.desired_replicas
     observed = (deployment or {}).get("status", {})
     ready = observed.get("readyReplicas", 0) if deployment else 0
     rolled = bool(deployment) and observed.get("updatedReplicas", 0) >= desired
@@ -222,7 +223,7 @@ def status(
         "desiredReplicas": desired,
         "readyText": f"{ready}/{desired}",
         "selector": selector(meta["name"]),
-        "endpoint": endpoint(meta["name"], meta["namespace"], spec["service"]["port"]),
+        "endpoint": endpoint(meta["name"], meta["namespace"], spec.service.port),
         "conditions": merge(old, found, now, generation),
     }
     if fit.capacity:

@@ -21,6 +21,7 @@ from kvpilot_operator import crd
 from kvpilot_operator.autoscaler import scale
 from kvpilot_operator.cluster import RESOURCE
 from kvpilot_operator.decide import Decision, wake
+from kvpilot_operator.spec import Spec
 
 
 def woken(body: kopf.Body | dict, now: float) -> Decision | None:
@@ -29,8 +30,8 @@ def woken(body: kopf.Body | dict, now: float) -> Decision | None:
     held = demand.read(meta.get("annotations"), now).held
     if held <= 0 or meta.get("deletionTimestamp"):
         return None  # every status write comes here too: decided without copying the object
-    spec = crd.defaulted(body)["spec"]
-    return wake(spec["replicas"], held, spec["autoscaling"])
+    spec = Spec.from_defaulted(crd.defaulted(body))
+    return wake(spec.replicas, held, spec.autoscaling)
 
 
 def _asleep_and_wanted(body: kopf.Body, type: str | None = None, **_: Any) -> bool:
@@ -42,4 +43,4 @@ async def wake_on_demand(body: kopf.Body, **_: Any) -> None:
     decision = woken(body, time.time())  # the filter's answer, unless the clock crossed STALE
     if decision is not None:
         md = crd.defaulted(body)
-        await asyncio.to_thread(scale, md, md["spec"]["replicas"], decision)
+        await asyncio.to_thread(scale, md, Spec.from_defaulted(md).replicas, decision)

@@ -19,6 +19,7 @@ from kvpilot_common.naming import PORT
 from kvpilot_operator import crd
 from kvpilot_operator.main import add_operator_args
 from kvpilot_operator.render import render as render_model
+from kvpilot_operator.spec import Spec
 from kvpilot_testing.helm import (
     MONITORING_API,
     NAMESPACE,
@@ -108,8 +109,8 @@ def _container(found: list[dict]) -> dict:
 
 def _model_objects() -> list[dict]:
     body = crd.with_defaults(yaml.safe_load(SAMPLE.read_text()))
-    body["metadata"]["namespace"] = "team-a"
-    return render_model(body, "kvpilot:test")
+    name = body["metadata"]["name"]
+    return list(render_model(name, "team-a", Spec.from_defaulted(body), "kvpilot:test").apply)
 
 
 def _matches(selector: dict, labels: dict) -> bool:

@@ -1,12 +1,14 @@
-"""autoscaling settings as the API server would hand them over: the CRD's defaults applied."""
+"""autoscaling settings as the operator reads them: the CRD's defaults applied, then the view."""
 
 from kvpilot_operator import crd
+from kvpilot_operator.spec import Autoscaling, Spec
 
 
-def scaling(**fields: object) -> dict:
-    """spec.autoscaling (enabled) with `fields` set and everything else defaulted."""
+def scaling(**fields: object) -> Autoscaling:
+    """spec.autoscaling (enabled) with `fields` (CRD spelling) set and everything else
+    defaulted."""
     spec = {
         "model": {"source": "builtin://smollm2-135m-instruct"},
         "autoscaling": {"enabled": True, **fields},
     }
-    return crd.with_defaults({"spec": spec})["spec"]["autoscaling"]
+    return Spec.from_defaulted(crd.with_defaults({"spec": spec})).autoscaling

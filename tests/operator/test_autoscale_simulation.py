@@ -76,7 +76,7 @@ def simulate() -> dict:
             ok = p95([(lat, w) for lat, w, _ in window]) * 1000 <= TARGET_P95_MS
             windows_ok += ok
             missed += [] if ok else [t]
-        if t % SCALING["intervalSeconds"] == 0 and t > 0:
+        if t % SCALING.interval_seconds == 0 and t > 0:
             recent = window[-WINDOW_S:]
             observed = Inputs(
                 current=desired,

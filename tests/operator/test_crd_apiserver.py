@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from kvpilot_operator import crd, render
+from kvpilot_operator.spec import Spec
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, PDBS, SERVICES, create_namespace
 from tests.operator.crd_rules import as_created, as_sent, errors
 from tests.operator.test_crd import (
@@ -98,7 +99,10 @@ def test_the_api_server_defaults_as_with_defaults_does(http, obj):
 @pytest.mark.parametrize("obj", ACCEPTED)
 def test_what_the_crd_accepts_the_children_take(http, obj):
     returned = dry_run(http, MD, as_sent(obj)).raise_for_status().json()
-    for child in render.render(crd.defaulted(returned), "kvpilot:test"):
+    md = crd.defaulted(returned)
+    meta = md["metadata"]
+    plan = render.render(meta["name"], meta["namespace"], Spec.from_defaulted(md), "kvpilot:test")
+    for child in plan.apply:
         response = dry_run(http, CHILDREN[child["kind"]], child)
         assert response.status_code == 201, (child["kind"], response.json()["message"])
 

@@ -159,9 +159,9 @@ def asleep(held: int = 0, last: float | None = None) -> Inputs:
         (1, ZERO, 1, "1 request held at the gateway: 0 -> 1"),
         (3, ZERO, 2, "3 requests held at the gateway: 0 -> 2"),  # ceil(3 / targetQueueDepth)
         (40, ZERO, 3, "40 requests held at the gateway: 0 -> 3"),  # the step limit
-        (40, scaling(**{**ZERO, "maxReplicas": 2}), 2, "0 -> 2 (limited to 0..2)"),
+        (40, replace(ZERO, max_replicas=2), 2, "0 -> 2 (limited to 0..2)"),
         (5, scaling(targetLatencyP95Milliseconds=500, minReplicas=0), 1, "0 -> 1"),  # no queue
-        (1, scaling(**{**ZERO, "minReplicas": 2}), 2, "0 -> 2 (limited to 2..5)"),
+        (1, replace(ZERO, min_replicas=2), 2, "0 -> 2 (limited to 2..5)"),
     ],
 )
 def test_held_requests_wake_a_model_at_zero_at_once(held, settings, replicas, words):
@@ -176,7 +176,7 @@ def test_held_requests_wake_a_model_at_zero_at_once(held, settings, replicas, wo
 def test_no_wake_above_zero_without_requests_or_with_autoscaling_off():
     assert wake(1, 3, ZERO) is None  # already awake: the ordinary autoscaler's business
     assert wake(0, 0, ZERO) is None
-    assert wake(0, 3, {**ZERO, "enabled": False}) is None  # turned off by its user
+    assert wake(0, 3, replace(ZERO, enabled=False)) is None  # turned off by its user
     decision = decide(asleep(), ZERO, [], now=1000.0)
     assert decision.replicas == 0 and "holding at 0" in decision.reason
 

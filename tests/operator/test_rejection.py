@@ -6,6 +6,7 @@ import json
 
 from kvpilot_operator import crd, rejection
 from kvpilot_operator.fit import Fit
+from kvpilot_operator.spec import Spec
 from kvpilot_operator.status import changed, status
 
 NOW = "2026-11-30T10:00:00Z"
@@ -27,13 +28,18 @@ def _body(annotations: dict | None = None) -> dict:
     return crd.with_defaults({"metadata": meta, "spec": spec})
 
 
+def _status(body: dict, *observed) -> dict:
+    """status() of a defaulted ModelDeployment, its spec read as the status daemon reads it."""
+    return status(body, Spec.from_defaulted(body), *observed)
+
+
 def _conditions(result: dict) -> dict[str, tuple[str, str, str]]:
     return {c["type"]: (c["status"], c["reason"], c["message"]) for c in result["conditions"]}
 
 
 def test_a_refused_deployment_is_degraded_invalid_pod_spec_in_the_api_servers_words():
     annotation = rejection.record("Deployment", INVALID, 2)
-    result = status(_body({rejection.ANNOTATION: annotation}), None, [], FITS, NOW)
+    result = _status(_body({rejection.ANNOTATION: annotation}), None, [], FITS, NOW)
     found = _conditions(result)
     degraded, progressing, ready = found["Degraded"], found["Progressing"], found["Ready"]
     assert degraded[:2] == ("True", "InvalidPodSpec") and progressing[:2] == (
@@ -43,7 +49,7 @@ def test_a_refused_deployment_is_degraded_invalid_pod_spec_in_the_api_servers_wo
     assert degraded[2] == f"the API server refused the Deployment: {INVALID['message']}"
     assert ready[:2] == ("False", "InvalidPodSpec") and INVALID["message"] in ready[2]
     # Without the annotation (the spec applied since), nothing is wrong.
-    assert _conditions(status(_body(), None, [], FITS, NOW))["Degraded"][:2] == (
+    assert _conditions(_status(_body(), None, [], FITS, NOW))["Degraded"][:2] == (
         "False",
         "AsExpected",
     )
@@ -52,7 +58,7 @@ def test_a_refused_deployment_is_degraded_invalid_pod_spec_in_the_api_servers_wo
 def test_a_spec_that_does_not_fit_wins_over_an_older_refusal():
     annotation = rejection.record("Deployment", INVALID, 1)
     tight = Fit(False, "weights alone take 9 GiB")
-    result = status(_body({rejection.ANNOTATION: annotation}), None, [], tight, NOW)
+    result = _status(_body({rejection.ANNOTATION: annotation}), None, [], tight, NOW)
     assert _conditions(result)["Degraded"][:2] == ("True", "InsufficientGPUMemory")
 
 

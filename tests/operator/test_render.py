@@ -10,7 +10,8 @@ import yaml
 
 from kvpilot_common import cli
 from kvpilot_operator import crd
-from kvpilot_operator.render import render
+from kvpilot_operator.render import Removal, render
+from kvpilot_operator.spec import Spec
 
 SAMPLES = sorted((Path(__file__).parents[2] / "crds" / "samples").glob("*.yaml"))
 # The oldest version we support (PreStop sleep needs 1.30) and the newest the package knows.
@@ -24,6 +25,13 @@ def _body(sample: Path) -> dict:
     return obj
 
 
+def _render(body: dict, image: str = IMAGE, pull_secrets: tuple[str, ...] = ()) -> list[dict]:
+    """What render() applies for a defaulted ModelDeployment."""
+    meta = body["metadata"]
+    plan = render(meta["name"], meta["namespace"], Spec.from_defaulted(body), image, pull_secrets)
+    return list(plan.apply)
+
+
 def _by_kind(objects: list[dict]) -> dict[str, dict]:
     return {o["kind"]: o for o in objects}
 
@@ -31,7 +39,7 @@ def _by_kind(objects: list[dict]) -> dict[str, dict]:
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
 def test_rendered_objects_pass_strict_kubernetes_validation(sample, version):
-    for obj in render(_body(sample), IMAGE):
+    for obj in _render(_body(sample)):
         kubernetes_validate.validate(obj, version, strict=True)
 
 
@@ -45,7 +53,7 @@ def _flags(args: list[str]) -> dict[str, str]:
 
 
 def test_builtin_cpu_sample():
-    objects = render(_body(SAMPLES[0]), IMAGE)
+    objects = _render(_body(SAMPLES[0]))
     assert sorted(_by_kind(objects)) == ["Deployment", "Service"]  # one replica: no PDB
     pod = _pod(objects)
     (server,) = pod["containers"]
@@ -71,7 +79,7 @@ def test_builtin_cpu_sample():
 
 def test_hf_gpu_sample_downloads_first_and_asks_for_a_gpu():
     body = _body(next(s for s in SAMPLES if s.name.startswith("hf-")))
-    objects = render(body, IMAGE)
+    objects = _render(body)
     pod = _pod(objects)
     (download,) = pod["initContainers"]
     assert download["command"][:3] == ["timeout", "3600", "hf"]
@@ -86,7 +94,7 @@ def test_hf_gpu_sample_downloads_first_and_asks_for_a_gpu():
     assert "--quantization-group-size" not in flag  # int4 only
     assert flag["--api-key-file"] == "/etc/kvpilot/keys/api-keys"
     body["spec"]["engine"] |= {"quantization": "Int4", "quantizationGroupSize": 64}
-    flag = _flags(_pod(render(body, IMAGE))["containers"][0]["args"])
+    flag = _flags(_pod(_render(body))["containers"][0]["args"])
     assert flag["--quantization"] == "int4" and flag["--quantization-group-size"] == "64"
     deployment = _by_kind(objects)["Deployment"]
     assert deployment["spec"]["replicas"] == 1  # autoscaling: within min and max
@@ -95,7 +103,7 @@ def test_hf_gpu_sample_downloads_first_and_asks_for_a_gpu():
 def test_a_replica_over_four_gpus_runs_four_ranks_with_a_memory_backed_shm():
     body = _body(next(s for s in SAMPLES if s.name.startswith("hf-")))
     body["spec"]["resources"] |= {"gpus": 4}
-    pod = _pod(render(body, IMAGE))
+    pod = _pod(_render(body))
     (server,) = pod["containers"]
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert _flags(server["args"])["--tensor-parallel-size"] == "4"
@@ -103,14 +111,12 @@ def test_a_replica_over_four_gpus_runs_four_ranks_with_a_memory_backed_shm():
     assert shm["emptyDir"]["medium"] == "Memory"  # NCCL's buffers between the ranks
     assert {"name": "shm", "mountPath": "/dev/shm"} in server["volumeMounts"]
     body["spec"]["engine"]["tensorParallelSize"] = 2
-    assert (
-        _flags(_pod(render(body, IMAGE))["containers"][0]["args"])["--tensor-parallel-size"] == "2"
-    )
+    assert _flags(_pod(_render(body))["containers"][0]["args"])["--tensor-parallel-size"] == "2"
 
 
 def test_pvc_sample_mounts_the_claim_and_schedules_as_asked():
     body = _body(next(s for s in SAMPLES if s.name.startswith("pvc-")))
-    objects = render(body, IMAGE)
+    objects = _render(body)
     kinds = _by_kind(objects)
     assert kinds["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1  # two replicas
     pod = _pod(objects)
@@ -123,13 +129,35 @@ def test_pvc_sample_mounts_the_claim_and_schedules_as_asked():
     assert flag["--model"] == "/models/llama-3.1-8b-instruct" and flag["--kv-cache-dtype"] == "fp8"
 
 
+@pytest.mark.parametrize(("replicas", "budget"), [(0, False), (1, False), (2, True), (3, True)])
+def test_a_pod_disruption_budget_only_above_one_replica_and_deleted_below(replicas, budget):
+    body = _body(SAMPLES[0])
+    body["spec"]["replicas"] = replicas
+    plan = render("m", "models", Spec.from_defaulted(body), IMAGE)
+    assert [o["kind"] for o in plan.apply][:2] == ["Deployment", "Service"]  # Deployment first
+    gone = Removal("PodDisruptionBudget", "m", "models")
+    if budget:
+        assert plan.apply[-1]["kind"] == "PodDisruptionBudget" and plan.delete == ()
+    else:
+        assert len(plan.apply) == 2 and plan.delete == (gone,)
+
+
+def test_autoscaling_bounds_the_replicas_a_budget_is_decided_on():
+    body = _body(SAMPLES[0])
+    body["spec"]["replicas"] = 1
+    body["spec"]["autoscaling"] |= {"enabled": True, "minReplicas": 2, "targetQueueDepth": 4}
+    plan = render("m", "models", Spec.from_defaulted(body), IMAGE)
+    assert plan.apply[0]["spec"]["replicas"] == 2  # raised to minReplicas
+    assert plan.apply[-1]["kind"] == "PodDisruptionBudget" and plan.delete == ()
+
+
 def test_render_is_deterministic_and_a_spec_change_changes_the_pod_template():
     body = _body(SAMPLES[0])
-    assert render(body, IMAGE) == render(body, IMAGE)
+    assert _render(body) == _render(body)
     changed = crd.with_defaults(body)
     changed["spec"]["engine"]["maxNumSeqs"] = 8
-    before = _by_kind(render(body, IMAGE))["Deployment"]["spec"]["template"]
-    after = _by_kind(render(changed, IMAGE))["Deployment"]["spec"]["template"]
+    before = _by_kind(_render(body))["Deployment"]["spec"]["template"]
+    after = _by_kind(_render(changed))["Deployment"]["spec"]["template"]
     assert before != after
 
 
@@ -156,29 +184,29 @@ def test_the_servers_parser_reads_every_user_value_as_a_value(monkeypatch):
     # still start (argparse read `--served-model-name -x` as two flags and exited: a crash loop).
     body = _body(next(s for s in SAMPLES if s.name.startswith("hf-")))
     body["spec"]["model"]["servedModelName"] = "--help"
-    pod = _pod(render(body, IMAGE))
+    pod = _pod(_render(body))
     server = _server_reads(pod["containers"][0]["args"], monkeypatch)
     assert server.served_model_name == "--help" and server.quantization == "int8"
     assert server.model == "/var/cache/kvpilot/models/Qwen/Qwen2.5-7B-Instruct"
     assert server.enable_prefix_caching is True and server.device == "cuda"
     body["spec"]["model"]["revision"] = "-rev"
-    download = _pod(render(body, IMAGE))["initContainers"][0]["command"]
+    download = _pod(_render(body))["initContainers"][0]["command"]
     assert "--revision=-rev" in download and "-rev" not in download
 
 
 def test_spec_image_overrides_the_operators_own_in_every_container():
     body = _body(next(s for s in SAMPLES if s.name.startswith("hf-")))
     body["spec"]["image"] = "registry.example.com/kvpilot:patched"
-    pod = _pod(render(body, IMAGE))
+    pod = _pod(_render(body))
     images = {c["image"] for c in pod["containers"] + pod["initContainers"]}
     assert images == {"registry.example.com/kvpilot:patched"}
     del body["spec"]["image"]
-    pod = _pod(render(body, IMAGE))
+    pod = _pod(_render(body))
     assert {c["image"] for c in pod["containers"] + pod["initContainers"]} == {IMAGE}
 
 
 def _size_limits(body: dict) -> dict[str, str]:
-    volumes = _pod(render(body, IMAGE))["volumes"]
+    volumes = _pod(_render(body))["volumes"]
     return {v["name"]: v["emptyDir"].get("sizeLimit") for v in volumes if "emptyDir" in v}
 
 
@@ -205,6 +233,6 @@ def test_model_pods_pull_with_the_operators_pull_secrets():
     """The chart's imagePullSecrets reach the operator as KVPILOT_IMAGE_PULL_SECRETS and every
     model pod names them, so a private registry serves model images too."""
     body = _body(SAMPLES[0])
-    assert "imagePullSecrets" not in _pod(render(body, IMAGE))
-    pod = _pod(render(body, IMAGE, ("regcred", "mirror")))
+    assert "imagePullSecrets" not in _pod(_render(body))
+    pod = _pod(_render(body, IMAGE, ("regcred", "mirror")))
     assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]

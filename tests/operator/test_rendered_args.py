@@ -8,6 +8,7 @@ import yaml
 from kvpilot_common.cli import build_parser
 from kvpilot_operator import crd
 from kvpilot_operator.render import render
+from kvpilot_operator.spec import Spec
 from tests.operator.test_crd import ACCEPTED_CASES, FIELD_CASES, SAMPLES, _with
 
 SPECS = {
@@ -26,7 +27,9 @@ SPECS = {
 def _server_args(obj: dict) -> list[str]:
     obj = crd.with_defaults(obj)
     obj["metadata"].setdefault("namespace", "default")
-    (deployment,) = [o for o in render(obj, "kvpilot:test", ()) if o["kind"] == "Deployment"]
+    name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+    plan = render(name, namespace, Spec.from_defaulted(obj), "kvpilot:test", ())
+    (deployment,) = [o for o in plan.apply if o["kind"] == "Deployment"]
     (server,) = [
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "server"
     ]

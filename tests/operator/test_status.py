@@ -6,6 +6,7 @@ import pytest
 from kvpilot_operator import crd
 from kvpilot_operator.fit import Fit, check
 from kvpilot_operator.render import render
+from kvpilot_operator.spec import Spec
 from kvpilot_operator.status import changed, is_warning, status
 
 NOW, LATER = "2026-11-30T10:00:00Z", "2026-11-30T10:05:00Z"
@@ -34,6 +35,11 @@ def _pod(name: str = "m-abc", **status) -> dict:
     return {"metadata": {"name": name}, "status": status}
 
 
+def _status(body: dict, *observed) -> dict:
+    """status() of a defaulted ModelDeployment, its spec read as the status daemon reads it."""
+    return status(body, Spec.from_defaulted(body), *observed)
+
+
 def _conditions(result: dict) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in result["conditions"]}
 
@@ -43,7 +49,7 @@ def _message(result: dict, kind: str) -> str:
 
 
 def test_all_ready():
-    result = status(_body(), _deployment(2, 2), [], FITS, NOW)
+    result = _status(_body(), _deployment(2, 2), [], FITS, NOW)
     assert _conditions(result) == {
         "Ready": ("True", "AllReplicasReady"),
         "Progressing": ("False", "Complete"),
@@ -126,7 +132,7 @@ DOWNLOAD_TIMEOUT = _pod(
     ],
 )
 def test_faults_degrade_with_the_real_message(pod, reason, text):
-    result = status(_body(), _deployment(1, 2), [_pod("m-ok"), pod], FITS, NOW)
+    result = _status(_body(), _deployment(1, 2), [_pod("m-ok"), pod], FITS, NOW)
     assert _conditions(result) == {
         "Ready": ("False", reason),
         "Progressing": ("False", reason),
@@ -141,7 +147,7 @@ def test_faults_degrade_with_the_real_message(pod, reason, text):
     ("pod", "reason"), [(LOADING, "LoadingModel"), (DOWNLOADING, "DownloadingModel")]
 )
 def test_work_in_progress_is_progressing_not_degraded(pod, reason):
-    result = status(_body(), _deployment(1, 2), [pod], FITS, NOW)
+    result = _status(_body(), _deployment(1, 2), [pod], FITS, NOW)
     assert _conditions(result) == {
         "Ready": ("False", reason),
         "Progressing": ("True", reason),
@@ -156,9 +162,9 @@ def test_a_model_too_big_for_the_gpu_is_degraded_with_the_numbers():
         resources={"gpus": 1, "gpuType": "L4"},
         engine={"maxModelLen": 8192},
     )
-    fit = check(body["spec"])
+    fit = check(Spec.from_defaulted(body))
     assert fit.fits is False
-    result = status(body, None, [], fit, NOW)
+    result = _status(body, None, [], fit, NOW)
     assert _conditions(result)["Degraded"] == ("True", "InsufficientGPUMemory")
     message = _message(result, "Degraded")
     assert "MiB of weights" in message and "23034 MiB" in message
@@ -175,23 +181,23 @@ def _seventy_b(gpus: int, **engine) -> dict:
 
 def test_70b_in_int4_fits_four_l4s_split_four_ways_and_not_one():
     four = _seventy_b(4)
-    fit = check(four["spec"])
+    fit = check(Spec.from_defaulted(four))
     assert fit.fits is True
-    result = status(four, None, [], fit, NOW)
+    result = _status(four, None, [], fit, NOW)
     capacity = result["capacity"]
     # Per GPU: a quarter of the int4 decoder plus the bfloat16 embedding and lm_head (replicated)
     assert capacity["tensorParallelSize"] == 4 and 12000 < capacity["weightsMiB"] < 23034 - 4096
     assert capacity["sequencesAtMaxModelLen"] >= 4 and capacity["kvCacheTokens"] > 4 * 8192
-    one = check(_seventy_b(1)["spec"])
+    one = check(Spec.from_defaulted(_seventy_b(1)))
     assert one.fits is False and one.reason == "InsufficientGPUMemory"
     assert one.capacity["weightsMiB"] > 23034  # the weights alone exceed the whole GPU
 
 
 def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_with_the_reason():
     body = _seventy_b(4, tensorParallelSize=3)
-    fit = check(body["spec"])
+    fit = check(Spec.from_defaulted(body))
     assert fit.fits is False
-    result = status(body, None, [], fit, NOW)
+    result = _status(body, None, [], fit, NOW)
     assert _conditions(result)["Degraded"] == ("True", "InvalidTensorParallelSize")
     message = _message(result, "Degraded")
     assert "size 3 does not divide the model's 64 attention heads (choose one of 1, 2, 4, 8)" in (
@@ -208,16 +214,16 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_with_t
 )
 def test_fp8_where_the_engine_would_refuse_it_is_degraded_before_any_pod(resources, said):
     body = _body(1, resources=resources, engine={"kvCacheDtype": "FP8"})
-    fit = check(body["spec"])
+    fit = check(Spec.from_defaulted(body))
     assert fit.fits is False
-    result = status(body, None, [], fit, NOW)
+    result = _status(body, None, [], fit, NOW)
     assert _conditions(result)["Degraded"] == ("True", "UnsupportedPrecision")
     message = _message(result, "Degraded")
     assert "kvCacheDtype FP8 needs a GPU of compute capability 8.9+" in message and said in message
     on_h100 = _body(
         1, resources={"gpus": 1, "gpuType": "H100-80GB"}, engine={"quantization": "FP8"}
     )
-    assert check(on_h100["spec"]).fits is True
+    assert check(Spec.from_defaulted(on_h100)).fits is True
 
 
 @pytest.mark.parametrize(
@@ -226,24 +232,24 @@ def test_fp8_where_the_engine_would_refuse_it_is_degraded_before_any_pod(resourc
 def test_an_invalid_source_is_degraded_and_renders_no_pod(source):
     # The CRD's CEL rule refuses these, but not every API server runs CEL.
     body = _body(1, model={"source": source})
-    fit = check(body["spec"])
+    fit = check(Spec.from_defaulted(body))
     assert fit.fits is False
-    result = status(body, None, [], fit, NOW)
+    result = _status(body, None, [], fit, NOW)
     assert _conditions(result)["Degraded"] == ("True", "InvalidModelSource")
     assert "no empty, '.' or '..' segments" in _message(result, "Degraded")
     with pytest.raises(ValueError, match="must be relative"):
-        render(body, "kvpilot:test")
+        render("m", "ns", Spec.from_defaulted(body), "kvpilot:test")
 
 
 def test_transition_time_moves_only_when_the_status_flips():
-    first = status(_body(), _deployment(1, 2), [LOADING], FITS, NOW)
+    first = _status(_body(), _deployment(1, 2), [LOADING], FITS, NOW)
     body = _body() | {"status": first}
-    second = status(body, _deployment(1, 2), [LOADING], FITS, LATER)
+    second = _status(body, _deployment(1, 2), [LOADING], FITS, LATER)
     assert (
         second["conditions"] == first["conditions"]
         and changed(first["conditions"], second["conditions"]) == []
     )
-    third = status(body | {"status": second}, _deployment(2, 2), [], FITS, LATER)
+    third = _status(body | {"status": second}, _deployment(2, 2), [], FITS, LATER)
     flipped = {c["type"]: c for c in changed(second["conditions"], third["conditions"])}
     assert flipped["Ready"]["lastTransitionTime"] == LATER and flipped["Ready"]["status"] == "True"
     degraded = next(c for c in third["conditions"] if c["type"] == "Degraded")
@@ -251,11 +257,11 @@ def test_transition_time_moves_only_when_the_status_flips():
 
 
 def test_scaled_to_zero_and_rollout_in_progress():
-    assert _conditions(status(_body(0), _deployment(0, 0, 0), [], FITS, NOW))["Ready"] == (
+    assert _conditions(_status(_body(0), _deployment(0, 0, 0), [], FITS, NOW))["Ready"] == (
         "False",
         "ScaledToZero",
     )
-    rolling = status(_body(), _deployment(2, 1), [], FITS, NOW)
+    rolling = _status(_body(), _deployment(2, 1), [], FITS, NOW)
     assert _conditions(rolling)["Progressing"] == ("True", "RollingOut")
 
 
@@ -278,9 +284,9 @@ def test_which_condition_changes_are_warnings(kind, flag, reason, warning):
 
 def test_scaling_limited_comes_from_the_autoscalers_record_and_is_not_announced():
     body = _body(autoscaling={"enabled": True, "targetQueueDepth": 4})
-    assert "ScalingLimited" not in _conditions(status(body, _deployment(2, 2), [], FITS, NOW))
+    assert "ScalingLimited" not in _conditions(_status(body, _deployment(2, 2), [], FITS, NOW))
     body["status"] = {"autoscaling": {"limited": True, "reason": "no load (limited to 1..4)"}}
-    result = status(body, _deployment(2, 2), [], FITS, NOW)
+    result = _status(body, _deployment(2, 2), [], FITS, NOW)
     assert _conditions(result)["ScalingLimited"] == ("True", "AtBounds")
     assert _message(result, "ScalingLimited") == "no load (limited to 1..4)"
     assert [c["type"] for c in changed([], result["conditions"])] == [
@@ -289,4 +295,4 @@ def test_scaling_limited_comes_from_the_autoscalers_record_and_is_not_announced(
         "Degraded",
     ]
     body["spec"]["autoscaling"]["enabled"] = False  # off: the condition goes
-    assert "ScalingLimited" not in _conditions(status(body, _deployment(2, 2), [], FITS, NOW))
+    assert "ScalingLimited" not in _conditions(_status(body, _deployment(2, 2), [], FITS, NOW))
