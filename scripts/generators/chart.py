@@ -1,30 +1,28 @@
-"""Write the chart's generated files from their one source each (tests/chart checks they are
-current):
+"""The chart's files made from a source outside the chart:
 
 - crd/modeldeployments.kvpilot.dev.yaml: a byte copy of crds/modeldeployments.kvpilot.dev.yaml
   (Helm cannot read outside the chart; templates/crd.yaml reads the copy);
 - templates/_permissions.tpl: the RBAC rules of the operator and of the gateway, from
   operator/kvpilot_operator/permissions.py.
-
-Run: .venv/bin/python charts/kvpilot/generate.py
 """
 
 import json
-import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from kvpilot_operator import permissions
+from kvpilot_operator.permissions import Permission
 
-CHART = Path(__file__).resolve().parent
-ROOT = CHART.parents[1]
+from .paths import CHART, ROOT
+
 CRD_NAME = "modeldeployments.kvpilot.dev.yaml"
-CRD_SOURCE, CRD_COPY = ROOT / "crds" / CRD_NAME, CHART / "crd" / CRD_NAME
+CRD_SOURCE, CRD_COPY = Path("crds") / CRD_NAME, CHART / "crd" / CRD_NAME
 RULES = CHART / "templates" / "_permissions.tpl"
 
 
-def _rules(permissions) -> list[str]:
+def _rules(group: Iterable[Permission]) -> list[str]:
     lines = []
-    for p in permissions:
+    for p in group:
         lines += [
             f"# {p.why}",
             f"- apiGroups: {json.dumps([p.api_group])}",
@@ -51,18 +49,6 @@ def rules_template() -> str:
     return "\n".join(out) + "\n"
 
 
-def generated() -> dict[Path, bytes]:
-    return {CRD_COPY: CRD_SOURCE.read_bytes(), RULES: rules_template().encode()}
-
-
-def main() -> int:
-    for path, content in generated().items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or path.read_bytes() != content:
-            path.write_bytes(content)
-            print(f"wrote {path.relative_to(ROOT)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def render() -> dict[Path, bytes]:
+    """Path relative to the repository root -> content."""
+    return {CRD_COPY: (ROOT / CRD_SOURCE).read_bytes(), RULES: rules_template().encode()}

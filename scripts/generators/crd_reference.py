@@ -1,26 +1,21 @@
-"""Write docs/crd-reference.md from the ModelDeployment CRD's OpenAPI schema.
+"""docs/crd-reference.md from the ModelDeployment CRD's OpenAPI schema.
 
 The CRD (crds/modeldeployments.kvpilot.dev.yaml) describes every field beside its validation;
-this script lays those descriptions out as a reference: each spec and status field with its path,
-type, default, validation (required, enum, bounds, length, pattern, CEL) and description, then
-every CEL rule with its message. tests/test_docs.py fails when the committed file is stale.
-
-Run:   .venv/bin/python scripts/crd_reference.py           (writes the file)
-       .venv/bin/python scripts/crd_reference.py --check   (exit 1 when it is stale)
+this lays those descriptions out as a reference: each spec and status field with its path, type,
+default, validation (required, enum, bounds, length, pattern, CEL) and description, then every
+CEL rule with its message.
 """
 
-import argparse
-import difflib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from .paths import ROOT
+
 CRD = ROOT / "crds" / "modeldeployments.kvpilot.dev.yaml"
-OUTPUT = ROOT / "docs" / "crd-reference.md"
+OUTPUT = Path("docs/crd-reference.md")  # relative to ROOT
 REGENERATE = ".venv/bin/python scripts/crd_reference.py"
 Node = dict[str, Any]
 
@@ -213,31 +208,6 @@ def generate(crd_path: Path = CRD) -> str:
     return reference(yaml.safe_load(crd_path.read_text()))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
-    parser.add_argument("--crd", type=Path, default=CRD, help="the CRD to read")
-    parser.add_argument("--output", type=Path, default=OUTPUT, help="the Markdown file")
-    args = parser.parse_args(argv)
-    text = generate(args.crd)
-    current = args.output.read_text() if args.output.exists() else ""
-    if args.check:
-        if current == text:
-            return 0
-        diff = difflib.unified_diff(
-            current.splitlines(keepends=True),
-            text.splitlines(keepends=True),
-            f"{args.output} (committed)",
-            f"{args.output} (from {args.crd})",
-        )
-        sys.stdout.writelines(diff)
-        print(f"{args.output} is stale: run {REGENERATE}", file=sys.stderr)
-        return 1
-    if current != text:
-        args.output.write_text(text)
-        print(f"wrote {args.output}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def render() -> dict[Path, bytes]:
+    """Path relative to the repository root -> content."""
+    return {OUTPUT: generate().encode()}
