@@ -29,6 +29,7 @@ from kvpilot_testing.helm import (
     render,
 )
 from kvpilot_testing.paths import CHART, ROOT
+from scripts.generators import monitoring
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest known.
 K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
@@ -381,13 +382,23 @@ def test_dashboards_and_alert_rules_wrap_the_files_when_there_are_any(tmp_path):
     assert one(found, "PrometheusRule")["spec"] == yaml.safe_load(ALERTS)
 
 
-def test_the_chart_as_it_is_renders_its_files():
-    """Whatever files/ holds now (dashboards and rules are another part's): each wrapped once."""
+def test_the_chart_wraps_exactly_what_the_generators_make():
+    """The chart as it ships against the generators' output (scripts/generators/monitoring.py),
+    not against whatever files/ holds: one ConfigMap per generated dashboard carrying its JSON,
+    and the generated rule groups as the PrometheusRule's spec. A stale, stray or missing file
+    in files/ fails here."""
+    generated = monitoring.render()
+    folder = monitoring.FILES / "dashboards"
+    boards = {p.name: c.decode() for p, c in generated.items() if p.parent == folder}
+    assert boards, "the generators made no dashboard"
     found = objects(render(RULES))
-    dashboards = sorted((CHART / "files" / "dashboards").glob("*.json"))
     maps = [c for c in of_kind(found, "ConfigMap") if c["metadata"]["name"] != "extra"]
-    assert len(maps) == len(dashboards)
-    assert len(of_kind(found, "PrometheusRule")) == int((CHART / "files" / "alerts.yaml").exists())
+    assert len(maps) == len(boards)
+    # Each ConfigMap holds one dashboard under its file name; `|-` drops the final newline.
+    data = {key: text for m in maps for key, text in m["data"].items()}
+    assert data == {name: text.rstrip("\n") for name, text in boards.items()}
+    rules = yaml.safe_load(generated[monitoring.FILES / "alerts.yaml"])
+    assert one(found, "PrometheusRule")["spec"] == rules
 
 
 @pytest.mark.parametrize(
