@@ -104,11 +104,31 @@ def _links(text: str) -> list[str]:
     return re.findall(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", prose)
 
 
+def _external(link: str) -> bool:
+    return bool(re.match(r"[a-z][a-z0-9+.-]*:", link))  # http:, https:, mailto:
+
+
+def test_the_documents_to_check_are_found():
+    """The parametrized tests below check nothing, silently, when their list is empty (pytest
+    skips an empty parametrization): the lists and what they hold are counted here."""
+    assert len(LINKED) >= 10 and ROOT / "README.md" in LINKED
+    assert {INSTALL, QUICKSTART, UPGRADE} <= set(HELM_DOCS)
+    assert all(doc.is_file() for doc in USER_DOCS)
+    relative = [link for doc in LINKED for link in _links(doc.read_text()) if not _external(link)]
+    assert len(relative) >= 20, f"the parser found {len(relative)} relative links"
+    assert any(link.startswith("#") for link in relative), "no in-page anchor was checked"
+    assert any("#" in link[1:] for link in relative), "no heading of another file was checked"
+
+
 @pytest.mark.parametrize("doc", LINKED, ids=_ids(LINKED))
 def test_relative_links_reach_files_and_headings(doc):
+    text = doc.read_text()
+    links = _links(text)
+    # Every `](` outside code opens a link: a parser that found none would pass every doc.
+    assert len(links) == CODE_SPAN.sub("", _prose(text)).count("]("), "a link was not parsed"
     broken = []
-    for link in _links(doc.read_text()):
-        if re.match(r"[a-z][a-z0-9+.-]*:", link):  # http:, https:, mailto:
+    for link in links:
+        if _external(link):
             continue
         target, _, anchor = link.partition("#")
         path = (doc.parent / target).resolve() if target else doc
@@ -286,6 +306,7 @@ def test_helm_commands_render_with_the_chart(doc):
     text = doc.read_text()
     renders = [_set_args(c) for c in _helm_commands(doc)]
     renders += [[arg] for span in _spans(text) for arg in _set_args(span)]
+    assert renders, "the parser found no helm command"
     for args in renders:
         values = _set_values(args)
         for api_versions in ((), (MONITORING_API,)):
@@ -296,9 +317,10 @@ def test_helm_commands_render_with_the_chart(doc):
 
 @pytest.mark.parametrize("doc", [INSTALL], ids=_ids([INSTALL]))
 def test_values_files_in_the_docs_render(doc):
-    for _, body in _yaml_blocks(doc):
-        if "kind" not in body:
-            render(body, namespace="kvpilot")
+    values_files = [body for _, body in _yaml_blocks(doc) if "kind" not in body]
+    assert values_files, "the parser found no values file"
+    for body in values_files:
+        render(body, namespace="kvpilot")
 
 
 # --- ModelDeployments, CRD paths, repository paths -------------------------------------------
@@ -353,6 +375,7 @@ def _schema_has(path: str) -> bool:
 @pytest.mark.parametrize("doc", USER_DOCS, ids=_ids(USER_DOCS))
 def test_crd_paths_named_exist(doc):
     named = re.findall(r"\b(?:spec|status)(?:\.[A-Za-z]\w*)+", doc.read_text())
+    assert named, "the parser found no spec. or status. path"
     assert [p for p in named if not _schema_has(p)] == []
 
 
@@ -375,12 +398,18 @@ def test_repository_paths_named_exist(doc):
     assert sorted(p for p in named if not (ROOT / p).exists()) == []
 
 
-@pytest.mark.parametrize("doc", USER_DOCS, ids=_ids(USER_DOCS))
-def test_image_tags_are_the_app_version(doc):
-    text = doc.read_text()
-    versions = re.findall(r"kvpilot:(\d+\.\d+\.\d+)", text)
-    versions += re.findall(r"tag[=:]\s*(\d+\.\d+\.\d+)", text)
-    assert {v for v in versions if v != CHART["appVersion"]} == set()
+def test_image_tags_are_the_app_version():
+    # Over the user docs together: upgrade.md names no tag, the others do.
+    found = {}
+    for doc in USER_DOCS:
+        text = doc.read_text()
+        versions = re.findall(r"kvpilot:(\d+\.\d+\.\d+)", text)
+        versions += re.findall(r"tag[=:]\s*(\d+\.\d+\.\d+)", text)
+        found[doc.name] = versions
+    count = sum(map(len, found.values()))
+    assert count >= 2, f"the parser found {count} image tags"
+    app = CHART["appVersion"]
+    assert [(doc, v) for doc, versions in found.items() for v in versions if v != app] == []
 
 
 # --- Quickstart and the chart's NOTES --------------------------------------------------------
@@ -411,10 +440,11 @@ def _walk(node: dict, path: str):
 def test_crd_reference_documents_every_spec_and_status_field_and_rule():
     schema = _schema()
     text = crd_reference.generate()
-    for root in ("spec", "status"):
-        for path in _walk(schema["properties"][root], root):
-            if path != "spec":
-                assert f"| `{path}` |" in text, path
+    paths = [p for root in ("spec", "status") for p in _walk(schema["properties"][root], root)]
+    assert len(paths) >= 20, "the walk found too few fields"
+    for path in paths:
+        if path != "spec":
+            assert f"| `{path}` |" in text, path
     rules = crd_reference._rules(schema, "")
     assert len(rules) == 7
     for _, rule, message in rules:
