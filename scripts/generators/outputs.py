@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 
 from . import chart, crd_reference, monitoring
-from .paths import ROOT
-
-COMMAND = ".venv/bin/python scripts/generate.py"
+from .paths import COMMAND, ROOT
 
 
 def outputs() -> dict[Path, bytes]:
