@@ -6,15 +6,29 @@ is added here (tests/test_generate.py runs `scripts/generate.py --check`).
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from . import chart, crd_reference, monitoring
 from .paths import COMMAND, ROOT
 
+GENERATORS: tuple[Callable[[], dict[Path, bytes]], ...] = (
+    chart.render,
+    crd_reference.render,
+    monitoring.render,
+)
+
 
 def outputs() -> dict[Path, bytes]:
     """Path relative to the repository root -> the bytes it must hold."""
-    return {**chart.render(), **crd_reference.render(), **monitoring.render()}
+    files: dict[Path, bytes] = {}
+    for render in GENERATORS:
+        made = render()
+        # Two generators writing one path would leave it to whichever ran last.
+        if clash := files.keys() & made.keys():
+            raise ValueError(f"generated twice: {sorted(map(str, clash))}")
+        files.update(made)
+    return files
 
 
 def stale(root: Path = ROOT, files: dict[Path, bytes] | None = None) -> list[Path]:
@@ -29,8 +43,8 @@ def stale(root: Path = ROOT, files: dict[Path, bytes] | None = None) -> list[Pat
 
 
 def write(root: Path = ROOT) -> list[Path]:
-    """Write the files that are stale (only those: an unchanged file keeps its mtime, so make and
-    editors see nothing new); returns what was written."""
+    """Write the files that are stale, and only those (an unchanged file keeps its mtime);
+    returns what was written."""
     files = outputs()
     written = stale(root, files)
     for path in written:
