@@ -1,5 +1,5 @@
 """Every Kubernetes API permission the operator and the gateway need, as data: the one
-declaration. The Helm chart's RBAC is generated from it (charts/kvpilot/generate.py) and
+declaration. The Helm chart's RBAC is generated from it (scripts/generate.py) and
 tests/chart checks the rendered RBAC against it.
 
 Derived from the calls the code makes: cluster.py (lightkube: children by server-side apply,

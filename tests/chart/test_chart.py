@@ -4,7 +4,6 @@ the values schema, the CRD copy, the operator's pod and command line, and the op
 
 import argparse
 import copy
-import importlib.util
 import json
 from importlib.metadata import version
 from pathlib import Path
@@ -32,6 +31,7 @@ from kvpilot_testing.helm import (
     render,
 )
 from kvpilot_testing.paths import CHART, ROOT
+from scripts.generators import monitoring
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest known.
 K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
@@ -184,20 +184,6 @@ def test_values_schema_rejects_bad_values(values, where):
 
 
 # -- the CRD ---------------------------------------------------------------------------------
-
-
-def _generate_module():
-    spec = importlib.util.spec_from_file_location("chart_generate", CHART / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_generated_files_are_current():
-    """The CRD copy equals crds/ byte for byte and the RBAC rules come from permissions.py:
-    after editing either source, run charts/kvpilot/generate.py."""
-    for path, content in _generate_module().generated().items():
-        assert path.read_bytes() == content, f"{path} is stale: run charts/kvpilot/generate.py"
 
 
 def test_crd_is_the_one_in_crds_kept_on_uninstall_and_optional():
@@ -398,13 +384,23 @@ def test_dashboards_and_alert_rules_wrap_the_files_when_there_are_any(tmp_path):
     assert one(found, "PrometheusRule")["spec"] == yaml.safe_load(ALERTS)
 
 
-def test_the_chart_as_it_is_renders_its_files():
-    """Whatever files/ holds now (dashboards and rules are another part's): each wrapped once."""
+def test_the_chart_wraps_exactly_what_the_generators_make():
+    """The chart as it ships against the generators' output (scripts/generators/monitoring.py),
+    not against whatever files/ holds: one ConfigMap per generated dashboard carrying its JSON,
+    and the generated rule groups as the PrometheusRule's spec. A stale, stray or missing file
+    in files/ fails here."""
+    generated = monitoring.render()
+    folder = monitoring.FILES / "dashboards"
+    boards = {p.name: c.decode() for p, c in generated.items() if p.parent == folder}
+    assert boards, "the generators made no dashboard"
     found = objects(render(RULES))
-    dashboards = sorted((CHART / "files" / "dashboards").glob("*.json"))
     maps = [c for c in of_kind(found, "ConfigMap") if c["metadata"]["name"] != "extra"]
-    assert len(maps) == len(dashboards)
-    assert len(of_kind(found, "PrometheusRule")) == int((CHART / "files" / "alerts.yaml").exists())
+    assert len(maps) == len(boards)
+    # Each ConfigMap holds one dashboard under its file name; `|-` drops the final newline.
+    data = {key: text for m in maps for key, text in m["data"].items()}
+    assert data == {name: text.rstrip("\n") for name, text in boards.items()}
+    rules = yaml.safe_load(generated[monitoring.FILES / "alerts.yaml"])
+    assert one(found, "PrometheusRule")["spec"] == rules
 
 
 @pytest.mark.parametrize(
@@ -471,4 +467,4 @@ def test_the_packaged_chart_carries_what_it_reads(tmp_path):
     assert (
         one(found, "CustomResourceDefinition")["metadata"]["name"] == "modeldeployments.kvpilot.dev"
     )
-    assert "generate.py" not in names
+    assert [n for n in names if n.endswith(".py")] == []  # the generators stay in scripts/

@@ -4,7 +4,7 @@ alert firing on a series made to trip it, quiet on its neighbours) passes."""
 import subprocess
 from pathlib import Path
 
-from scripts.dashboards import FILES, ROOT
+from scripts.generators.paths import FILES, ROOT
 
 HERE = Path(__file__).parent
 
@@ -30,7 +30,7 @@ def test_rules_unit_tests(prometheus_binaries):
 def test_every_alert_is_unit_tested_firing_and_quiet():
     import yaml
 
-    from scripts.dashboards import alert_groups
+    from scripts.generators.alerts import alert_groups
 
     alerts = {r["alert"] for g in alert_groups()["groups"] for r in g["rules"]}
     cases = [

@@ -31,7 +31,9 @@ from kvpilot_gateway.metrics import GatewayMetrics
 from kvpilot_operator import metrics as operator_metrics
 from kvpilot_testing.corpus import CORPUS
 from kvpilot_testing.live_server import start_tiny_server, stop_server
-from scripts.dashboards import FILES, ROOT, alert_groups, dashboards
+from scripts.generators.alerts import alert_groups
+from scripts.generators.dashboards import dashboards
+from scripts.generators.paths import FILES, ROOT
 from tests.monitoring.prometheus_server import Prometheus, PromQLError, finite
 
 NAMESPACE, MODEL, POD = "kvpilot-test", "tiny", "tiny-0"
