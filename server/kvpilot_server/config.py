@@ -4,13 +4,14 @@ from dataclasses import dataclass
 
 from kvpilot_common import precision
 from kvpilot_common.errors import ConfigError
+from kvpilot_common.naming import BUNDLED_MODEL
 
 GiB = 1 << 30
 
 
 @dataclass
 class EngineConfig:
-    model: str = "builtin://smollm2-135m-instruct"
+    model: str = BUNDLED_MODEL
     dtype: str = precision.DEFAULT_DTYPE  # auto: precision.resolve_dtype picks per device
     device: str = "auto"
     block_size: int = 16

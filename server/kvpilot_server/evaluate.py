@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kvpilot_common import precision
+from kvpilot_common.naming import BUNDLED_MODEL
 from kvpilot_common.prose import default_text
 from kvpilot_server.eval_job import Job
 
@@ -52,7 +53,7 @@ def parse_configs(
 
 
 def add_eval_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="builtin://smollm2-135m-instruct")
+    parser.add_argument("--model", default=BUNDLED_MODEL)
     parser.add_argument(
         "--configs",
         default="none,int8,int4",

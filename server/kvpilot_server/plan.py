@@ -14,13 +14,14 @@ from kvpilot_common.memory_model import (
     plan,
     shape_from_config,
 )
+from kvpilot_common.naming import BUNDLED_MODEL
 from kvpilot_server.engine_args import parse_bytes
 
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
-        default="builtin://smollm2-135m-instruct",
+        default=BUNDLED_MODEL,
         help="a known source (builtin://, catalogued hf://) or a directory with config.json",
     )
     where = parser.add_mutually_exclusive_group()
