@@ -57,7 +57,7 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _cpuinfo() -> tuple[str, list[str]]:
+def cpu() -> tuple[str, list[str]]:
     """CPU model and the speed-relevant flags, from /proc/cpuinfo (Linux; elsewhere unknown)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -76,7 +76,7 @@ def _load() -> list[float]:
 
 
 def host() -> dict[str, Any]:
-    model, flags = _cpuinfo()
+    model, flags = cpu()
     return {
         "cpu": model,
         "flags": flags,
