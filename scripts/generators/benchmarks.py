@@ -46,6 +46,8 @@ def _host(record: dict) -> str:
         text += f" ({', '.join(map(str, host['loadavg_at_end']))} at the end)"
     if host.get("nice"):
         text += f", run at nice {host['nice']}"
+    if host.get("env"):
+        text += ", with " + " ".join(f"`{k}={v}`" for k, v in host["env"].items())
     return text
 
 

@@ -4,9 +4,10 @@ docs/benchmarks.md (so `scripts/generate.py --check` finds the page stale after 
 
 A record says where and when its figures were measured, because on a shared 2-core machine the
 same code moves by a third from run to run: the date, the host (CPU model, the CPU flags that
-pick kvpilot's kernels, cores, load average at start and at the end, the process's niceness),
-the git commit (and whether the tree had other changes), the command, the headline figures
-beside the baseline the benchmark measures in the same run, and the whole JSON it printed.
+pick kvpilot's kernels, cores, load average at start and at the end, the process's niceness,
+the environment settings that change what runs), the git commit (and whether the tree had
+other changes), the command, the headline figures beside the baseline the benchmark measures
+in the same run, and the whole JSON it printed.
 
     run = results.Run.start("shared_prefill")    # first thing in main(): the load at start
     ...
@@ -31,6 +32,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 # The flags that decide which kernels run and how fast: AVX2 the int8/int4 CPU kernels, VNNI
 # their int8 dot products, AVX-512 the wider vectors, AMX the bfloat16 matrices (oneDNN).
 SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+# Settings that change which code runs or how many threads it gets, kept when set:
+# KVPILOT_CPU_KERNELS=0 measures PyTorch's reference path instead of the compiled kernels.
+SPEED_ENV = ("KVPILOT_CPU_KERNELS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 Number = int | float | None
 
 
@@ -83,6 +87,7 @@ def host() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "loadavg_at_start": _load(),
         "nice": os.nice(0),
+        "env": {name: os.environ[name] for name in SPEED_ENV if name in os.environ},
     }
 
 
