@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from kvpilot_server.models.builtin import builtin_path
-from kvpilot_testing import attacks
+from kvpilot_testing import attacks, results
 from kvpilot_testing.adversary import Attack, Fleet, fail_closed_all
 from kvpilot_testing.tiny import build_tiny_model
 
@@ -84,9 +84,11 @@ def plan(key_file: Path) -> list[tuple[str, str, tuple, object]]:
 
 
 def main() -> int:
+    run = results.Run.start("adversarial")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json-out", type=Path, help="also write the JSON here")
     parser.add_argument("--only", nargs="*", help="run only attacks whose name contains one of")
+    results.add_argument(parser)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvpilot-adversarial-"))
     model = build_tiny_model("llama", work / "llama", builtin_path("smollm2-135m-instruct"))
@@ -130,7 +132,28 @@ def main() -> int:
     print(text)
     if args.json_out:
         args.json_out.write_text(text + "\n")
+    if args.record:
+        baseline = "the same server before the attack (a normal chat's latency)"
+        run.record(_figures(report), baseline, report)
     return 0
+
+
+def _figures(report: dict) -> list[results.Figure]:
+    summary, attacked = report["summary"], report["attacks"]
+    measured = [v for v in attacked.values() if "chat_s" in v]
+    slowest = max(measured, key=lambda v: v["chat_s"], default={})
+    return [
+        results.figure("attacks run", "", summary["attacks"]),
+        results.figure("attacks that harmed other requests", "", len(summary["harm"])),
+        results.figure("worst /health latency during an attack", "s", summary["worst_health_s"][1]),
+        results.figure("largest RSS growth", "MiB", summary["largest_rss_growth_mib"][1]),
+        results.figure(
+            "slowest normal chat after an attack",
+            "s",
+            slowest.get("chat_s"),
+            slowest.get("chat_baseline_s"),
+        ),
+    ]
 
 
 def summary(results: dict) -> dict:

@@ -21,6 +21,7 @@ import torch
 
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine.half_matrices import amx_capable
+from kvpilot_testing import results
 from kvpilot_testing.corpus import CORPUS  # the same real text the tests slice prompts from
 
 MODEL = "builtin://smollm2-135m-instruct"
@@ -131,6 +132,7 @@ def _engine(args: argparse.Namespace, dtype: str) -> LLM:
 
 
 def main() -> None:
+    run = results.Run.start("engine_throughput")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
@@ -144,6 +146,7 @@ def main() -> None:
         action="store_false",
         help="skip the bfloat16 runs (they only run on CPUs with AMX)",
     )
+    results.add_argument(parser)
     args = parser.parse_args()
 
     bfloat16 = args.bfloat16 and amx_capable()
@@ -208,6 +211,36 @@ def main() -> None:
             hf_half = result["hf_generate_bfloat16"]["output_tokens_per_s"]
             result["throughput_ratio_bfloat16_vs_hf_bfloat16"] = round(rate / hf_half, 2)
     print(json.dumps(result, indent=2))
+    if args.record:
+        baseline = "Hugging Face generate, same run (for the bound: the measured copy bandwidth)"
+        run.record(_figures(result), baseline, result)
+
+
+def _figures(result: dict) -> list[results.Figure]:
+    b1, hf = result["batch1_decode"], result.get("hf_generate", {})
+    hf_half = result.get("hf_generate_bfloat16", {})
+    rate = "output_tokens_per_s"
+    figures = [
+        results.figure("mixed workload, float32", "tok/s", result["kvpilot"][rate], hf.get(rate)),
+        results.figure(
+            "batch-1 decode, float32",
+            "ms/token",
+            b1["kvpilot_ms_per_token"],
+            b1.get("hf_ms_per_token"),
+        ),
+        results.figure(
+            "batch-1 decode against the bandwidth bound",
+            "ms/token",
+            b1["kvpilot_ms_per_token"],
+            b1["bandwidth_bound_ms_per_token"],
+        ),
+    ]
+    if "kvpilot_bfloat16" in result:  # only on CPUs with AMX
+        half = result["kvpilot_bfloat16"][rate]
+        figures.append(results.figure("mixed workload, bfloat16", "tok/s", half, hf_half.get(rate)))
+        half_b1 = b1["kvpilot_bfloat16_ms_per_token"]
+        figures.append(results.figure("batch-1 decode, bfloat16 matrices", "ms/token", half_b1))
+    return figures
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot_server.models.builtin import builtin_path
+from kvpilot_testing import results
 from kvpilot_testing.kube.cluster import MD, Cluster, create_namespace, wait_for
 from kvpilot_testing.kube.controlplane import ControlPlane
 from kvpilot_testing.kube.gateway import Gateway
@@ -61,6 +62,7 @@ def _spec(replicas: int, autoscaling: bool) -> dict:
 
 
 def main() -> None:
+    run = results.Run.start("gateway")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=300, help="direct/gateway pairs per kind")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured pairs per kind")
@@ -69,6 +71,7 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="20 pairs, 20 held (smoke test)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    results.add_argument(parser)
     args = parser.parse_args()
     if args.quick:
         args.pairs, args.warmup, args.held = 20, 3, [20]
@@ -133,7 +136,7 @@ def main() -> None:
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": {
             "cpus": os.cpu_count(),
-            "cpu": _cpu_model(),
+            "cpu": results.cpu()[0],
             "python": platform.python_version(),
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
@@ -153,6 +156,21 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.record:
+        run.record(_figures(report), "the same request sent straight to the pod", report)
+
+
+def _figures(report: dict) -> list[results.Figure]:
+    figures = [
+        results.figure(f"{kind} p50", "ms", sides["gateway_ms"]["p50"], sides["direct_ms"]["p50"])
+        for kind, sides in report["latency"].items()
+    ]
+    added = report["latency"]["completion"]["added_ms"]["p50"]
+    figures.append(results.figure("completion: added p50 (per pair)", "ms", added))
+    last = report["held"][-1]
+    held = f"gateway memory per held stream ({last['held']} held)"
+    figures.append(results.figure(held, "bytes", last["bytes_per_held"]))
+    return figures
 
 
 def _ready(gateway: Gateway, model: str) -> bool | None:
@@ -321,13 +339,6 @@ async def _hold(gateway: Gateway, k: int, baseline_kib: int) -> dict:
         "seconds_to_release_all": round(to_release, 2),
         "held_after_release": int(after),
     }
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 if __name__ == "__main__":

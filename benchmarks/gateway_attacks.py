@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot_testing import gateway_attacks
+from kvpilot_testing import gateway_attacks, results
 from kvpilot_testing.kube.cluster import MD, Cluster, create_namespace, wait_for
 from kvpilot_testing.kube.controlplane import ControlPlane
 from kvpilot_testing.kube.gateway import Gateway
@@ -67,12 +67,14 @@ def _attacks(gateway: Gateway, clients: int, size: int, hold: float) -> dict:
 
 
 def main() -> None:
+    run = results.Run.start("gateway_attacks")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gateway-src", type=Path, help="run the gateway from this checkout")
     parser.add_argument("--clients", type=int, default=12, help="held requests per attack")
     parser.add_argument("--body-bytes", type=int, default=(4 << 20) - 4096)
     parser.add_argument("--hold", type=float, default=3.0, help="seconds each holds")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    results.add_argument(parser)
     args = parser.parse_args()
     env = {}
     if args.gateway_src:
@@ -104,7 +106,7 @@ def main() -> None:
             )
 
         wait_for("the gateway to list the model", listed, 30, 0.1)
-        results = _attacks(gateway, args.clients, args.body_bytes, args.hold)
+        measured = _attacks(gateway, args.clients, args.body_bytes, args.hold)
     except BaseException:
         print(f"kept for a look: {workdir}", file=sys.stderr)
         raise
@@ -124,12 +126,20 @@ def main() -> None:
         "gateway_src": str(args.gateway_src or "this checkout"),
         "params": {"clients": args.clients, "body_bytes": args.body_bytes, "hold_s": args.hold},
         "goal_peak_above_idle_mib": 100,
-        **results,
+        **measured,
     }
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.record:
+        peak = "peak_above_idle_mib"
+        attacks = ("header_flood", "held_small_objects", "held_empty_arrays")
+        figures = [
+            results.figure(f"{a}: RSS peak above idle", "MiB", report[a][peak]) for a in attacks
+        ]
+        figures.append(results.figure("idle RSS", "MiB", report["idle_rss_mib"]))
+        run.record(figures, "none (the goal: at most 100 MiB above idle)", report)
 
 
 if __name__ == "__main__":

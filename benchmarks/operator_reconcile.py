@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from kvpilot_testing import results
 from kvpilot_testing.kube.cluster import (
     DEPLOYMENTS,
     MD,
@@ -48,11 +49,13 @@ def _body(name: str) -> dict:
 
 
 def main() -> None:
+    run = results.Run.start("operator_reconcile")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--single", type=int, default=30, help="one-at-a-time applies")
     parser.add_argument("--bulk", type=int, default=200, help="ModelDeployments in the bulk run")
     parser.add_argument("--idle", type=float, default=60, help="seconds of the idle measurement")
     parser.add_argument("--ready", type=int, default=20, help="pod-ready -> status runs")
+    results.add_argument(parser)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvpilot-bench-"))
     plane = ControlPlane(workdir / "plane")
@@ -103,23 +106,35 @@ def main() -> None:
         if cluster is not None:
             cluster.close()
         plane.stop()
-    print(
-        json.dumps(
-            {
-                "api_server": f"kube-apiserver {version} + etcd on 127.0.0.1 (tests/kube)",
-                "apply_to_children_ms": _percentiles(single),
-                "bulk": {
-                    "model_deployments": args.bulk,
-                    "create_requests_s": round(created, 2),
-                    "all_reconciled_s": round(bulk_s, 2),
-                    "per_second": round(args.bulk / bulk_s, 1),
-                },
-                "idle": idle,
-                "pod_ready_to_status_ms": ready,
-            },
-            indent=2,
-        )
-    )
+    report = {
+        "api_server": f"kube-apiserver {version} + etcd on 127.0.0.1 (tests/kube)",
+        "apply_to_children_ms": _percentiles(single),
+        "bulk": {
+            "model_deployments": args.bulk,
+            "create_requests_s": round(created, 2),
+            "all_reconciled_s": round(bulk_s, 2),
+            "per_second": round(args.bulk / bulk_s, 1),
+        },
+        "idle": idle,
+        "pod_ready_to_status_ms": ready,
+    }
+    print(json.dumps(report, indent=2))
+    if args.record:
+        run.record(_figures(report), "none in the same run", report)
+
+
+def _figures(report: dict) -> list[results.Figure]:
+    bulk, idle = report["bulk"], report["idle"]["requests_per_minute"]
+    applied, ready = report["apply_to_children_ms"], report["pod_ready_to_status_ms"]
+    created = f"{bulk['model_deployments']} created back to back, all reconciled"
+    return [
+        results.figure("apply to Deployment and Service, p50", "ms", applied["p50"]),
+        results.figure("apply to Deployment and Service, p95", "ms", applied["p95"]),
+        results.figure(created, "s", bulk["all_reconciled_s"]),
+        results.figure("operator API requests while idle", "per minute", idle),
+        results.figure("pod ready to Ready=True, p50", "ms", ready["p50"]),
+        results.figure("pod ready to Ready=True, p95", "ms", ready["p95"]),
+    ]
 
 
 def _ready_to_status(plane: ControlPlane, kubeconfig: Path, runs: int) -> dict:

@@ -206,9 +206,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="batch-1 runs; the median is kept")
     parser.add_argument("--skip-llamacpp", action="store_true", help="measure kvpilot only")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    # Inline, not kvpilot_testing.results.add_argument: the worker parses these arguments too,
+    # in llama.cpp's venv, which has no kvpilot_testing.
+    parser.add_argument(
+        "--record", action="store_true", help="also write benchmarks/results/peer_llamacpp.json"
+    )
     args = parser.parse_args()
     if args.worker:
         return llamacpp_worker()
+    from kvpilot_testing import results
+
+    run = results.Run.start("peer_llamacpp")
 
     from engine_throughput import workload
     from transformers import AutoTokenizer
@@ -283,6 +291,27 @@ def main() -> None:
     result["engines"] = engines
     result["machine"]["load_avg_1m_after"] = _load()
     print(json.dumps(result, indent=2))
+    if args.record:
+        baseline = "llama.cpp (llama-cpp-python) on the same GGUF, same run"
+        run.record(_figures(result), baseline, result)
+
+
+def _figures(result: dict) -> list:
+    from kvpilot_testing import results
+
+    engines, count = result["engines"], result["workload"]["requests"]
+    peer = engines.get("llamacpp", {})  # absent with --skip-llamacpp
+    peer_ms = peer.get("batch1_ms_per_token")
+    peer_rate = peer.get("sequential", {}).get("output_tokens_per_s")
+    figures = []
+    for key, label in (("kvpilot_int4", "int4-g32 + int8 lm_head"), ("kvpilot_float32", "float32")):
+        mine = engines[key]
+        rate = mine["sequential"]["output_tokens_per_s"]
+        ms = mine["batch1_ms_per_token"]
+        figures.append(results.figure(f"batch-1 decode, kvpilot {label}", "ms/token", ms, peer_ms))
+        sequential = f"{count} requests one at a time, kvpilot {label}"
+        figures.append(results.figure(sequential, "tok/s", rate, peer_rate))
+    return figures
 
 
 if __name__ == "__main__":

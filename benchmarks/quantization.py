@@ -15,14 +15,18 @@ import platform
 import subprocess
 import sys
 
+from kvpilot_testing import results
+
 
 def main() -> None:
+    run = results.Run.start("quantization")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--configs",
         default="none,int8,int4,int4-g64,none:int8,int8:int8,int8+lm_head-int8,int4+lm_head-int8",
     )
     parser.add_argument("--tokens", default="4096", help="perplexity tokens")
+    results.add_argument(parser)
     args = parser.parse_args()
     command = [sys.executable, "-m", "kvpilot_common.cli", "eval", "--json"]
     command += ["--configs", args.configs, "--tokens", args.tokens, "--speed-tokens", "64"]
@@ -43,6 +47,23 @@ def main() -> None:
         "met": report["configs"].get("int8", {}).get("batch1_decode_speedup_vs_float32", 0) >= 1.5,
     }
     print(json.dumps(report, indent=2))
+    if args.record:
+        run.record(_figures(report["configs"]), "float32 (config none), same run", report)
+
+
+def _figures(configs: dict) -> list[results.Figure]:
+    base = configs["none"]
+    rows = [
+        ("batch-1 decode", "tok/s", "batch1_decode_tokens_per_s"),
+        ("batch-32 output", "tok/s", "batch32_output_tokens_per_s"),
+        ("perplexity", "", "perplexity"),
+    ]
+    return [
+        results.figure(f"{name}: {what}", unit, figures.get(key), base.get(key))
+        for name, figures in configs.items()
+        if name != "none" and "error" not in figures
+        for what, unit, key in rows
+    ]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import httpx
 from engine_throughput import MODEL, workload  # the sibling benchmark, beside this file
 
 from kvpilot_server import LLM, SamplingParams
+from kvpilot_testing import results
 from kvpilot_testing.live_server import start_server, stop_server
 
 ENGINE_ARGS = {
@@ -105,10 +106,12 @@ def offline_latencies(llm: LLM, prompt: list[int], max_tokens: int, runs: int) -
 
 
 def main() -> None:
+    run = results.Run.start("server_throughput")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--latency-runs", type=int, default=30)
+    results.add_argument(parser)
     args = parser.parse_args()
 
     llm = LLM(MODEL, **ENGINE_ARGS)
@@ -161,6 +164,16 @@ def main() -> None:
         },
     }
     print(json.dumps(result, indent=2))
+    if args.record:
+        single, rate = result["single_request"], "output_tokens_per_s"
+        figures = [
+            results.figure("mixed workload", "tok/s", http[rate], result["offline"][rate]),
+            results.figure(
+                "one short request, p50", "ms", single["http_p50_ms"], single["offline_p50_ms"]
+            ),
+            results.figure("HTTP overhead per request, p50", "ms", single["http_overhead_p50_ms"]),
+        ]
+        run.record(figures, "the offline API (LLM.generate), same run", result)
 
 
 if __name__ == "__main__":

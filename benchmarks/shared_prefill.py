@@ -16,6 +16,7 @@ from unittest import mock
 
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine.scheduler import Scheduler
+from kvpilot_testing import results
 from kvpilot_testing.corpus import CORPUS
 
 MODEL = "builtin://smollm2-135m-instruct"
@@ -42,11 +43,13 @@ def median(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def main() -> None:
+    run = results.Run.start("shared_prefill")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--runs", type=int, default=3)
+    results.add_argument(parser)
     args = parser.parse_args()
 
     llm = LLM(MODEL, max_model_len=1024, kv_cache_bytes=1 << 30)
@@ -68,6 +71,17 @@ def main() -> None:
         **{mode: median(runs) for mode, runs in modes.items()},
     }
     print(json.dumps(result, indent=2))
+    if args.record:
+        rows = [
+            (f"prompt tokens computed for n={args.n}", "tokens", "prefill_tokens"),
+            ("until every choice has its first token", "s", "all_first_tokens_s"),
+            ("until all choices have finished", "s", "elapsed_s"),
+        ]
+        figures = [
+            results.figure(name, unit, result["after"][key], result["before"][key])
+            for name, unit, key in rows
+        ]
+        run.record(figures, "n prefills (the scheduler's hold-back turned off)", result)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
     .venv/bin/python scripts/generate.py --check  # write nothing; exit 1, naming each stale file
 
 The generators live in scripts/generators/ (outputs.py lists every file they make):
-the Grafana dashboards and alert rules in charts/kvpilot/files/, docs/crd-reference.md, and the
-chart's CRD copy and RBAC rules. tests/test_generate.py runs the check.
+the Grafana dashboards and alert rules in charts/kvpilot/files/, docs/crd-reference.md,
+docs/benchmarks.md (from the benchmarks' records in benchmarks/results/), and the chart's CRD
+copy and RBAC rules. tests/test_generate.py runs the check.
 """
 
 import sys

@@ -9,10 +9,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from . import chart, crd_reference, monitoring
+from . import benchmarks, chart, crd_reference, monitoring
 from .paths import COMMAND, ROOT
 
 GENERATORS: tuple[Callable[[], dict[Path, bytes]], ...] = (
+    benchmarks.render,
     chart.render,
     crd_reference.render,
     monitoring.render,

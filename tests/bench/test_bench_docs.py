@@ -79,6 +79,6 @@ def test_autoscaling_fields_named_exist_in_the_crd():
 
 
 def test_repository_paths_named_exist():
-    pattern = r"`((?:server|operator|docs|crds|tests)/[\w./-]+)`"
+    pattern = r"`((?:common|server|operator|gateway|bench|docs|crds|tests)/[\w./-]+)`"
     named = set(re.findall(pattern, BENCH_MD.read_text()))
     assert named and sorted(p for p in named if not (ROOT / p).exists()) == []
