@@ -20,7 +20,7 @@ import time
 import torch
 
 from kvpilot_server import LLM, SamplingParams
-from kvpilot_server.engine.half_matrices import amx_capable
+from kvpilot_server.engine.layers.half_matrices import amx_capable
 from kvpilot_testing.corpus import CORPUS  # the same real text the tests slice prompts from
 
 MODEL = "builtin://smollm2-135m-instruct"

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
-from kvpilot_server.engine.llm_engine import EngineStats
+from kvpilot_server.engine.runtime.llm_engine import EngineStats
 from kvpilot_server.errors import (
     DrainingError,
     InvalidRequestError,

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from kvpilot_server.engine.sequence import Priority
+from kvpilot_server.engine.runtime.sequence import Priority
 from kvpilot_server.errors import InvalidRequestError
 from kvpilot_server.sampling_params import SamplingParams
 

@@ -4,8 +4,8 @@ admitting, slots given back on every exit, Retry-After spread, the timeout ceili
 import pytest
 
 from kvpilot_server.api.admission import Admission
-from kvpilot_server.engine.llm_engine import EngineStats
-from kvpilot_server.engine.sequence import Priority
+from kvpilot_server.engine.runtime.llm_engine import EngineStats
+from kvpilot_server.engine.runtime.sequence import Priority
 from kvpilot_server.errors import InvalidRequestError, OverloadedError
 
 

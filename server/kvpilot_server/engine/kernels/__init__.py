@@ -1,0 +1,1 @@
+"""Optional compiled CPU kernels (csrc/, built on first use) and the compiled decode stack."""
