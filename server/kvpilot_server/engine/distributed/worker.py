@@ -29,6 +29,7 @@ from kvpilot_server.engine.models.model_setup import (
     resolve_dtype,
 )
 from kvpilot_server.engine.runtime.model_runner import ModelRunner
+from kvpilot_server.engine.runtime.scheduler_output import StepPlan
 
 log = logging.getLogger("kvpilot.tp_worker")
 
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
     )
     log.info("ready: %d KV blocks", blocks)
     while True:
-        box: list = [None]
+        box: list[StepPlan | None] = [None]
         dist.broadcast_object_list(box, src=0, group=tp.control)
         if box[0] is None:
             break

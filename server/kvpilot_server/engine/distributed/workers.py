@@ -29,7 +29,7 @@ import torch.distributed as dist
 from kvpilot_server import termination
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.distributed.group import TensorParallel, join
-from kvpilot_server.engine.runtime.model_runner import StepPlan
+from kvpilot_server.engine.runtime.scheduler_output import StepPlan
 from kvpilot_server.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -155,7 +155,8 @@ class LLMEngine:
     # -- steps --------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule()
+        scheduled = self.scheduler.schedule()
+        batch = scheduled.num_new_tokens
         if not batch:
             return []
         now = time.monotonic()
@@ -163,7 +164,7 @@ class LLMEngine:
             metrics = self.requests[seq.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         try:
-            logits, sampling, prompt_rows = self.runner.run(batch)
+            logits, sampling, prompt_rows = self.runner.run(scheduled)
             samples = self.sampler.sample(logits[: len(sampling)], sampling)
             for seq, rows, first in prompt_rows:
                 targets = seq.token_ids[first : first + rows.stop - rows.start]
@@ -172,7 +173,7 @@ class LLMEngine:
                 self.requests[seq.request_id].add_prompt_logprobs(first, found)
             pairs = zip(sampling, samples, strict=True)
             tokens = {seq: s.token_id for seq, s in pairs if not isinstance(s, Exception)}
-            self.scheduler.update(batch, tokens)
+            self.scheduler.update(scheduled, tokens)
         except Exception as exc:  # the whole step failed: fail its requests, keep serving
             log.exception("engine step failed; failing %d requests", len(batch))
             error = StepFailedError(f"Engine step failed: {exc}")

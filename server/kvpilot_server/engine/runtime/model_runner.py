@@ -1,12 +1,11 @@
 """Runs one scheduled step on the model: flatten the batch, build attention metadata, get logits.
 
-Two halves: run() turns the scheduler's batch into a StepPlan of plain numbers and executes it,
+Two halves: run() turns the scheduler's output into a StepPlan of plain numbers and executes it,
 execute() turns a plan into tensors on this rank's device and runs the model. Under tensor
 parallelism rank 0 plans and every rank executes the same plan (engine/distributed/workers.py
 sends it): ranks share the block tables, each holding its own KV heads of every block.
 """
 
-from dataclasses import dataclass
 from types import ModuleType
 from typing import NoReturn, Protocol
 
@@ -21,32 +20,12 @@ from kvpilot_server.engine.layers.attention import (
 from kvpilot_server.engine.layers.kv_cache import KVCache
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.model_config import rope_tables
+from kvpilot_server.engine.runtime.scheduler_output import ScheduledSeq, SchedulerOutput, StepPlan
 from kvpilot_server.engine.runtime.sequence import Sequence
 
 # (sequence, rows of the logits, position of the prompt token the first row predicts)
 PromptRows = tuple[Sequence, slice, int]
 _MIN_GROUP_LEN = 64  # contexts shorter than this are cheap: one group holds them all
-
-
-@dataclass(frozen=True)
-class ScheduledSeq:
-    """What attention needs of one sequence in a step."""
-
-    computed: int  # tokens already in the KV cache
-    n: int  # tokens computed in this step
-    length: int  # the sequence's length: decodes of similar length share a padded group
-    block_table: list[int]
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """One step as plain numbers (cheap to pickle to the other ranks): decodes first."""
-
-    ids: list[int]
-    positions: list[int]
-    slots: list[int]
-    rows: list[int]  # rows whose logits are needed
-    seqs: list[ScheduledSeq]
 
 
 class Peers(Protocol):
@@ -82,12 +61,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(
-        self, batch: dict[Sequence, int]
+        self, scheduled: SchedulerOutput
     ) -> tuple[torch.Tensor, list[Sequence], list[PromptRows]]:
         """Logits for every sequence whose last token is computed in this step, in order, then
         the rows of prompt tokens whose logprobs were asked for (see PromptRows)."""
         # Decodes first, shortest context first, so that similar lengths share a padded group.
-        ordered = sorted(batch.items(), key=lambda item: (item[1] != 1, len(item[0])))
+        ordered = sorted(
+            scheduled.num_new_tokens.items(), key=lambda item: (item[1] != 1, len(item[0]))
+        )
         ids, positions, slots, rows, sampling = [], [], [], [], []
         scored: list[tuple[Sequence, int, int]] = []  # prompt logprobs: (seq, first row, count)
         for seq, n in ordered:

@@ -23,6 +23,7 @@ from collections import deque
 
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.runtime.block_pool import BlockPool
+from kvpilot_server.engine.runtime.scheduler_output import SchedulerOutput
 from kvpilot_server.engine.runtime.sequence import Priority, Sequence, SequenceStatus
 
 
@@ -53,19 +54,20 @@ class Scheduler:
         self.pool.free_seq(seq)
         seq.status = SequenceStatus.FINISHED
 
-    def schedule(self) -> dict[Sequence, int]:
+    def schedule(self) -> SchedulerOutput:
         """Sequences to run this step, each with its number of new tokens."""
-        batch: dict[Sequence, int] = {}
+        batch: dict[Sequence, int] = {}  # built up here, entries dropped again on preemption
         preempted = self._schedule_running(batch)
         if not preempted:
             self._schedule_waiting(batch)
-        return batch
+        return SchedulerOutput(batch)
 
-    def update(self, batch: dict[Sequence, int], tokens: dict[Sequence, int]) -> None:
-        """After the model ran `batch`: count the tokens it computed, key the blocks they filled
-        for the prefix cache, and append to each sequence the token sampled for it (`tokens`
-        holds the sequences whose whole context was computed and whose sampling succeeded)."""
-        for seq, n in batch.items():
+    def update(self, scheduled: SchedulerOutput, tokens: dict[Sequence, int]) -> None:
+        """After the model ran `scheduled`: count the tokens it computed, key the blocks they
+        filled for the prefix cache, and append to each sequence the token sampled for it
+        (`tokens` holds the sequences whose whole context was computed and whose sampling
+        succeeded)."""
+        for seq, n in scheduled.num_new_tokens.items():
             self.num_prefill_tokens += max(
                 0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens)
             )

@@ -1,5 +1,10 @@
 """Scheduler: token budget, chunked prefill, sequence cap, preemption, interactive before batch."""
 
+import dataclasses
+from collections.abc import Mapping
+
+import pytest
+
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.runtime.block_pool import BlockPool
 from kvpilot_server.engine.runtime.scheduler import Scheduler
@@ -16,10 +21,11 @@ def _seq(n: int, priority=Priority.INTERACTIVE, start: int = 0) -> Sequence:
     return Sequence(f"r{start}", list(range(start, start + n)), SamplingParams(), 64, priority)
 
 
-def _step(sched: Scheduler) -> dict[Sequence, int]:
+def _step(sched: Scheduler) -> Mapping[Sequence, int]:
     """Schedule, then pretend the model ran and sampled token 0 wherever it reached the end."""
-    batch = sched.schedule()
-    sched.update(batch, {s: 0 for s, n in batch.items() if s.num_computed_tokens + n == len(s)})
+    scheduled = sched.schedule()
+    batch = scheduled.num_new_tokens
+    sched.update(scheduled, {s: 0 for s, n in batch.items() if s.num_computed_tokens + n == len(s)})
     return batch
 
 
@@ -27,17 +33,28 @@ def test_update_counts_computed_tokens_keys_full_blocks_and_appends_samples():
     sched = _scheduler(max_num_batched_tokens=6)
     seq = _seq(10)
     sched.add(seq)
-    batch = sched.schedule()
-    sched.update(batch, {})  # a prefill chunk: nothing sampled
+    scheduled = sched.schedule()
+    sched.update(scheduled, {})  # a prefill chunk: nothing sampled
     assert seq.num_computed_tokens == 6 and len(seq) == 10 and seq.num_keyed_blocks == 1
-    batch = sched.schedule()
-    sched.update(batch, {seq: 42})
+    scheduled = sched.schedule()
+    sched.update(scheduled, {seq: 42})
     assert seq.num_computed_tokens == 10 and seq.token_ids[-1] == 42 and seq.num_keyed_blocks == 2
     # The keyed blocks serve a later request with the same prefix.
     twin = _seq(10)
     sched.add(twin)
-    batch = sched.schedule()
-    assert batch == {seq: 1, twin: 2} and twin.num_cached_tokens == 8
+    scheduled = sched.schedule()
+    assert scheduled.num_new_tokens == {seq: 1, twin: 2} and twin.num_cached_tokens == 8
+
+
+def test_the_schedule_is_read_only():
+    sched = _scheduler()
+    seq = _seq(4)
+    sched.add(seq)
+    scheduled = sched.schedule()
+    with pytest.raises(TypeError):
+        scheduled.num_new_tokens[seq] = 1  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        scheduled.num_new_tokens = {}  # type: ignore[misc]
 
 
 def test_long_prompt_is_prefilled_in_chunks_within_budget():

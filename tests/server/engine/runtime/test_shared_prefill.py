@@ -1,6 +1,8 @@
 """n choices of one prompt cost one prefill: identical prompts admitted together wait for the one
 being prefilled and take its blocks from the prefix cache, and each choice stays exact."""
 
+from collections.abc import Mapping
+
 import pytest
 
 from kvpilot_server import LLM, SamplingParams
@@ -24,9 +26,10 @@ def _seq(tokens: list[int]) -> Sequence:
     return Sequence("r", list(tokens), SamplingParams(), 64)
 
 
-def _step(sched: Scheduler) -> dict[Sequence, int]:
-    batch = sched.schedule()
-    sched.update(batch, {s: 0 for s, n in batch.items() if s.num_computed_tokens + n == len(s)})
+def _step(sched: Scheduler) -> Mapping[Sequence, int]:
+    scheduled = sched.schedule()
+    batch = scheduled.num_new_tokens
+    sched.update(scheduled, {s: 0 for s, n in batch.items() if s.num_computed_tokens + n == len(s)})
     return batch
 
 
