@@ -17,7 +17,7 @@ from torch import nn
 from kvpilot_server.engine.kernels import cpu_kernels
 from kvpilot_server.engine.layers.attention import AttentionMetadata, DecodeGroup
 from kvpilot_server.engine.layers.kv_cache import LayerCache
-from kvpilot_server.engine.layers.quant import KERNEL_MAX_ROWS, Int4Linear, Int8Linear
+from kvpilot_server.engine.layers.quant import KERNEL_MAX_ROWS, WeightOnlyLinear
 
 
 def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
@@ -49,15 +49,15 @@ def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
 
 
 def _linear(kernel: Any, module: nn.Module) -> Any | None:
-    b = module._buffers
-    if isinstance(module, Int4Linear) and module.kernel is not None:
-        kind = "int4_int8" if module.product.__name__ == "int4_int8_linear" else "int4"
-        return kernel.stack_linear(
-            kind, b["weight"], b["scale"], b["minimum"], module.group, b["bias"]
-        )
-    if isinstance(module, Int8Linear) and module.kernel is not None:
-        return kernel.stack_linear("int8", b["weight"], b["scale"], None, 0, b["bias"])
-    return None
+    """The stack's copy of one decoder linear, or None when no compiled product serves it (a
+    float layer, or one off CPU float32)."""
+    if not isinstance(module, WeightOnlyLinear):
+        return None
+    found = module.decode_operands()
+    if found is None:
+        return None
+    kind, weight, scale, minimum, group, bias = found
+    return kernel.stack_linear(kind.value, weight, scale, minimum, group, bias)
 
 
 def decode_group(

@@ -24,6 +24,7 @@ from torch import nn
 
 from kvpilot_server import precision
 from kvpilot_server.engine.kernels import cpu_kernels
+from kvpilot_server.engine.kernels.operands import DecodeOperands, ProductKind
 from kvpilot_server.engine.layers.direct import Direct
 from kvpilot_server.engine.layers.linear import linear
 from kvpilot_server.errors import ConfigError
@@ -128,6 +129,11 @@ class WeightOnlyLinear(Direct):
     def expand(self, dense: torch.Tensor) -> None:
         raise NotImplementedError
 
+    def decode_operands(self) -> DecodeOperands | None:
+        """The compiled product this layer runs few rows through, and its tensors; None where
+        no kernel serves it (off CPU float32, or the kernels did not build)."""
+        raise NotImplementedError
+
 
 class Int8Linear(WeightOnlyLinear):
     def __init__(self, linear: nn.Linear, buffer: DenseBuffer) -> None:
@@ -146,6 +152,11 @@ class Int8Linear(WeightOnlyLinear):
         else:  # in place: an out= multiply refuses to round float32 into bfloat16
             dense.copy_(self.weight).mul_(self.scale[:, None])
 
+    def decode_operands(self) -> DecodeOperands | None:
+        if self.kernel is None:
+            return None
+        return DecodeOperands(ProductKind.INT8, self.weight, self.scale, None, 0, self.bias)
+
 
 class Int4Linear(WeightOnlyLinear):
     def __init__(self, linear: nn.Linear, buffer: DenseBuffer, group: int) -> None:
@@ -157,6 +168,7 @@ class Int4Linear(WeightOnlyLinear):
         self.register_buffer("minimum", minimum)
         if self.kernel is not None:  # int8 activations need whole spans of inputs
             whole = self.in_features % self.kernel.INT8_ACTIVATION_SPAN == 0
+            self.kind = ProductKind.INT4_INT8 if whole else ProductKind.INT4
             self.product = self.kernel.int4_int8_linear if whole else self.kernel.int4_linear
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
@@ -169,6 +181,13 @@ class Int4Linear(WeightOnlyLinear):
             self.kernel.int4_dequantize(self.weight, self.scale, self.minimum, self.group, dense)
         else:
             dense.copy_(dequantize_int4(self.weight, self.scale, self.minimum, self.group))
+
+    def decode_operands(self) -> DecodeOperands | None:
+        if self.kernel is None:
+            return None
+        return DecodeOperands(
+            self.kind, self.weight, self.scale, self.minimum, self.group, self.bias
+        )
 
 
 class Fp8Linear(nn.Module):

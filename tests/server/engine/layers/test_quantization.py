@@ -9,6 +9,7 @@ from torch import nn
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.kernels import cpu_kernels
+from kvpilot_server.engine.kernels.operands import ProductKind
 from kvpilot_server.engine.layers.quant import (
     KERNEL_MAX_ROWS,
     DenseBuffer,
@@ -149,6 +150,23 @@ def test_a_bfloat16_model_takes_the_expand_path_as_cuda_does(method):
 
 def test_the_kernels_build_on_this_machine():
     assert cpu_kernels.load() is not None  # otherwise int8/int4 run the slow path
+
+
+def test_quantized_layers_name_their_kernel_and_its_operands():
+    """What the decode stack builds from: the product each layer runs few rows through (int4
+    quantizes activations only over whole spans of inputs) and the tensors it stores."""
+    torch.manual_seed(0)
+    buffer = DenseBuffer(torch.empty(0))
+    int8 = Int8Linear(nn.Linear(64, 32), buffer)
+    assert int8.decode_operands() == (ProductKind.INT8, int8.weight, int8.scale, None, 0, int8.bias)
+    span = cpu_kernels.load().INT8_ACTIVATION_SPAN
+    for inputs, kind in [(span, ProductKind.INT4_INT8), (span + 32, ProductKind.INT4)]:
+        int4 = Int4Linear(nn.Linear(inputs, 32, bias=False), buffer, 32)
+        found = int4.decode_operands()
+        assert found is not None and found.kind is kind
+        assert found[1:] == (int4.weight, int4.scale, int4.minimum, 32, None)
+        int4.kernel = None  # off CPU float32: no compiled product serves it
+        assert int4.decode_operands() is None
 
 
 def test_without_the_kernel_the_reference_path_gives_the_same_answer(monkeypatch):
