@@ -20,7 +20,7 @@ import time
 import torch
 
 from kvpilot_server import LLM, SamplingParams
-from kvpilot_server.engine.half_matrices import amx_capable
+from kvpilot_server.engine.layers.half_matrices import amx_capable
 from kvpilot_testing import results
 from kvpilot_testing.corpus import CORPUS  # the same real text the tests slice prompts from
 
@@ -186,7 +186,7 @@ def main() -> None:
     b1["fraction_of_bound"] = round(bound_ms / b1["kvpilot_ms_per_token"], 3)
     path = llm.engine.model_path
     del llm
-    if bfloat16:  # bfloat16 matrices in a float32 model (engine/half_matrices.py)
+    if bfloat16:  # bfloat16 matrices in a float32 model (engine/layers/half_matrices.py)
         llm = _engine(args, "bfloat16")
         result["kvpilot_bfloat16"] = run_kvpilot(llm, requests)
         b1["kvpilot_bfloat16_ms_per_token"] = round(

@@ -15,7 +15,7 @@ import time
 from unittest import mock
 
 from kvpilot_server import LLM, SamplingParams
-from kvpilot_server.engine.scheduler import Scheduler
+from kvpilot_server.engine.runtime.scheduler import Scheduler
 from kvpilot_testing import results
 from kvpilot_testing.corpus import CORPUS
 

@@ -264,6 +264,10 @@ def test_the_wheel_holds_the_packages_and_no_test_support(tmp_path):
     for data in ("report.schema.json", "workload.schema.json", "presets/mixed.yaml"):
         assert f"kvpilot_bench/{data}" in names  # kvpilot bench reads them at run time
     assert "kvpilot_common/http/serving.py" in names
+    # The engine compiles its CPU kernels from these on first use, wherever it is installed.
+    csrc = ROOT / "server" / "kvpilot_server" / "engine" / "kernels" / "csrc"
+    sources = {f"kvpilot_server/{p.relative_to(csrc.parents[2])}" for p in csrc.iterdir()}
+    assert len(sources) > 1 and sources <= set(names), sorted(sources - set(names))
     assert not [n for n in names if "tiny" in n or "testing" in n]
 
 

@@ -29,7 +29,7 @@ class EngineConfig:
     # lm_head (and the embedding table when tied to it): none or int8 per vocabulary row.
     lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION
     seed: int = 0
-    # Ranks one replica spans (engine/parallel.py); None: every visible GPU on CUDA, 1 on CPU.
+    # Ranks one replica spans (engine/distributed/); None: every visible GPU on CUDA, 1 on CPU.
     tensor_parallel_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -57,7 +57,8 @@ class EngineConfig:
                 self.quantization_group_size in precision.INT4_GROUP_SIZES,
                 f"quantization_group_size must be {_one_of(precision.INT4_GROUP_SIZES)}",
             ),
-            # fp8 also needs a capable GPU: checked once the device is known (engine/kv_cache.py).
+            # fp8 also needs a capable GPU: checked once the device is known
+            # (engine/layers/kv_cache.py).
             (
                 self.kv_cache_dtype in precision.KV_CACHE_DTYPES,
                 f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported "

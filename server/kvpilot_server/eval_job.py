@@ -47,7 +47,7 @@ def run_job(job: Job) -> dict:
     """One config, in this process: build the engine, time it, then measure quality."""
     from kvpilot_common.memory_model import kv_bytes_per_token, shape_from_config
     from kvpilot_server import LLM
-    from kvpilot_server.engine.model_setup import resolve_device, resolve_dtype
+    from kvpilot_server.engine.models.model_setup import resolve_device, resolve_dtype
 
     config = json.loads((_model_path(job.model) / "config.json").read_text())
     # The KV cache's dtype for the engine below, to size its cache in advance.
@@ -91,7 +91,7 @@ def run_job(job: Job) -> dict:
     # attend to its own unquantized keys and hide what a cache precision costs. Few enough
     # rows that every linear layer runs the kernel a decode step runs (int4's multiplies int8
     # activations; the expansion path for larger batches does not).
-    from kvpilot_server.engine.quant import KERNEL_MAX_ROWS
+    from kvpilot_server.engine.layers.quant import KERNEL_MAX_ROWS
 
     llm.engine.scheduler.max_num_batched_tokens = KERNEL_MAX_ROWS
     result["perplexity"] = round(_perplexity(llm, ids[: job.tokens], job.window), 4)

@@ -7,7 +7,7 @@ from tqdm import tqdm
 
 from kvpilot_common.errors import StepFailedError
 from kvpilot_server.config import EngineConfig
-from kvpilot_server.engine.llm_engine import LLMEngine
+from kvpilot_server.engine.runtime.llm_engine import LLMEngine
 from kvpilot_server.outputs import RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
 

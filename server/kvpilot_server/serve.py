@@ -23,7 +23,7 @@ def run_serve(args: argparse.Namespace) -> int:
         keys = load_api_keys(args.api_key_file)
     except ConfigError as exc:
         return _cannot_start(termination.INVALID_CONFIGURATION, exc)
-    from kvpilot_server.engine.async_engine import AsyncEngine
+    from kvpilot_server.engine.runtime.async_engine import AsyncEngine
 
     try:
         config = engine_config(args)

@@ -69,13 +69,13 @@ def test_the_walker_sees_every_import_and_finds_cycles():
     modules = _modules()
     # kvpilot_server/__init__.py imports llm.py only under TYPE_CHECKING and inside a function.
     assert "kvpilot_server.llm" in _imports("kvpilot_server", modules["kvpilot_server"], modules)
-    engine = "kvpilot_server.engine.model_setup"
+    engine = "kvpilot_server.engine.models.model_setup"
     # `from kvpilot_server import precision` names the module, not the package.
     assert "kvpilot_common.precision" in _imports(engine, modules[engine], modules)
 
 
 def test_no_import_cycles_in_kvpilot_server():
     modules = _modules()
-    assert "kvpilot_server.engine.llama" in modules
+    assert "kvpilot_server.engine.models.llama" in modules
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert _cycles(graph) == []

@@ -23,7 +23,7 @@ from kvpilot_common.errors import (
     OverloadedError,
     RequestTimeoutError,
 )
-from kvpilot_server.engine.llm_engine import EngineStats
+from kvpilot_server.engine.runtime.llm_engine import EngineStats
 
 _RATE_WINDOW_S = 30.0
 _IDLE_RETRY_S = 5  # no completion seen lately: nothing to estimate from

@@ -32,7 +32,7 @@ from kvpilot_server.api.protocol import (
     TokenizeRequest,
 )
 from kvpilot_server.api.request_scope import RequestScope
-from kvpilot_server.engine.async_engine import AsyncEngine
+from kvpilot_server.engine.runtime.async_engine import AsyncEngine
 
 TRUNCATED_HEADER = "X-KVPilot-Dropped-Messages"
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from kvpilot_server.api.fanout import merge
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import SamplingFields
 from kvpilot_server.api.request_scope import exit_stack
-from kvpilot_server.engine.async_engine import AsyncEngine
+from kvpilot_server.engine.runtime.async_engine import AsyncEngine
 from kvpilot_server.outputs import RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
 

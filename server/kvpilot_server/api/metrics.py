@@ -8,8 +8,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from kvpilot_common import metric_names as names
 from kvpilot_server.api.admission import Admission
-from kvpilot_server.engine.async_engine import AsyncEngine
-from kvpilot_server.engine.llm_engine import EngineStats
+from kvpilot_server.engine.runtime.async_engine import AsyncEngine
+from kvpilot_server.engine.runtime.llm_engine import EngineStats
 from kvpilot_server.outputs import RequestOutput
 
 

@@ -5,7 +5,7 @@ whatever its tokens is refused from its length before any of that work."""
 from typing import Literal
 
 from kvpilot_server.api.context import drop_oldest_turns
-from kvpilot_server.engine.inputs import InputProcessor, Message
+from kvpilot_server.engine.runtime.inputs import InputProcessor, Message
 
 ContextOverflow = Literal["reject", "truncate-oldest"]
 

@@ -6,7 +6,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic_core import PydanticCustomError
 
 from kvpilot_common.errors import InvalidRequestError
-from kvpilot_server.engine.sequence import Priority
+from kvpilot_server.engine.runtime.sequence import Priority
 from kvpilot_server.sampling_params import SamplingParams
 
 PositiveInt = Annotated[int, Field(ge=1)]

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.app import ServerSettings, build_app
 from kvpilot_server.config import EngineConfig
-from kvpilot_server.engine.async_engine import AsyncEngine
+from kvpilot_server.engine.runtime.async_engine import AsyncEngine
 
 
 @dataclass

@@ -5,8 +5,8 @@ import pytest
 
 from kvpilot_common.errors import InvalidRequestError, OverloadedError
 from kvpilot_server.api.admission import Admission
-from kvpilot_server.engine.llm_engine import EngineStats
-from kvpilot_server.engine.sequence import Priority
+from kvpilot_server.engine.runtime.llm_engine import EngineStats
+from kvpilot_server.engine.runtime.sequence import Priority
 
 
 def _stats(running: int = 0, waiting: int = 0) -> EngineStats:

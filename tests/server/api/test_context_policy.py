@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from kvpilot_common import metric_names as names
 from kvpilot_server.api.context import drop_oldest_turns
 from kvpilot_server.api.prompts import chat_prompt
-from kvpilot_server.engine.inputs import InputProcessor
+from kvpilot_server.engine.runtime.inputs import InputProcessor
 from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 

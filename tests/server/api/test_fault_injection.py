@@ -11,8 +11,8 @@ from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.completions import Completions
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import ChatCompletionRequest
-from kvpilot_server.engine.inputs import InputProcessor
-from kvpilot_server.engine.llm_engine import LLMEngine
+from kvpilot_server.engine.runtime.inputs import InputProcessor
+from kvpilot_server.engine.runtime.llm_engine import LLMEngine
 from tests.server.api.in_process import serve_in_process
 
 BODY = {

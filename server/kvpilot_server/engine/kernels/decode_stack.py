@@ -1,0 +1,75 @@
+"""A decode step through every decoder layer as one compiled call (kernels/csrc/decode_stack.cpp).
+
+At batch 1 the Python between a layer's kernels (module calls, views, splits) took about as
+long as its int4 products; the stack calls the same kernels in the same order from C++, so its
+output equals the modules' bit for bit (tests/server/engine/kernels/test_decode_stack.py holds it
+to that). It serves what those kernels serve: CPU float32 models whose decoder linears are all
+int4 or int8, no tensor parallelism, no q/k norms, a float32 KV cache, and steps that are pure
+decodes of at most quant.KERNEL_MAX_ROWS sequences. The modules' loop (models/llama.py) runs
+everything else and stays the definition.
+"""
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from kvpilot_server.engine.kernels import cpu_kernels
+from kvpilot_server.engine.layers.attention import AttentionMetadata, DecodeGroup
+from kvpilot_server.engine.layers.kv_cache import LayerCache
+from kvpilot_server.engine.layers.quant import KERNEL_MAX_ROWS, WeightOnlyLinear
+
+
+def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
+    """A llama.LlamaForCausalLM's stack (a csrc DecodeStack holding its weights), or None when
+    some part of the model is not one the stack runs. Build it once the weights are final."""
+    cfg, kernel = model.cfg, cpu_kernels.load()
+    weight = model.norm.weight
+    if kernel is None or model.tp.size != 1 or cfg.qk_norm:
+        return None
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return None
+    stack = kernel.DecodeStack(
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.rms_norm_eps,
+        cfg.head_dim**-0.5,  # as layers/attention.py's decode passes it
+        silu_kernel_max_rows,
+    )
+    for layer, window in zip(model.layers, cfg.layer_windows, strict=True):
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = [_linear(kernel, m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj)]
+        linears.append(_linear(kernel, mlp.down_proj))
+        if any(linear is None for linear in linears):
+            return None
+        norms = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        stack.add_layer(*norms, *linears, window or 0)
+    return stack
+
+
+def _linear(kernel: Any, module: nn.Module) -> Any | None:
+    """The stack's copy of one decoder linear, or None when no compiled product serves it (a
+    float layer, or one off CPU float32)."""
+    if not isinstance(module, WeightOnlyLinear):
+        return None
+    found = module.decode_operands()
+    if found is None:
+        return None
+    kind, weight, scale, minimum, group, bias = found
+    return kernel.stack_linear(kind.value, weight, scale, minimum, group, bias)
+
+
+def decode_group(
+    metas: dict[int | None, AttentionMetadata], rows: int, caches: list[LayerCache]
+) -> DecodeGroup | None:
+    """The step's one decode group when the stack serves the step, else None. Every window's
+    metadata holds the same group: with the decode kernel, windows only change the kernel's
+    `window` argument, which the stack has per layer."""
+    first = caches[0]
+    if rows > KERNEL_MAX_ROWS or first.k_scale is not None or first.k.dtype != torch.float32:
+        return None
+    for meta in metas.values():
+        if meta.kernel is None or meta.prefills or len(meta.decodes) != 1:
+            return None
+    return meta.decodes[0]

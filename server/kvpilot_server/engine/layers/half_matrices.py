@@ -1,0 +1,56 @@
+"""dtype bfloat16 on CPU: the decoder's and lm_head's matrices are stored and multiplied in
+bfloat16; everything between them stays float32.
+
+CPUs with AMX (Intel Sapphire Rapids and later) multiply bfloat16 matrices several times faster
+than float32 ones (oneDNN, behind torch's linear), from half the bytes. The rest of a step
+(norms, rotary, attention over the KV cache, sampling) gains nothing from bfloat16 on a CPU and
+has its compiled kernels in float32, so it stays there, and so does the KV cache: activations
+are rounded to bfloat16 only on their way into a product, whose output comes back as float32.
+The cost in quality is in `kvpilot eval`. Without AMX, bfloat16 products are far slower than
+float32 ones (model_setup.resolve_dtype warns), and float32 stays the default everywhere on CPU:
+it is the dtype whose greedy output equals Hugging Face's.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot_server.engine.layers.direct import Direct
+from kvpilot_server.engine.layers.quant import decoder_linears
+
+MATRIX_DTYPE = torch.bfloat16
+
+
+def applies(dtype: str, device: torch.device) -> bool:
+    """Whether the dtype asked for means bfloat16 matrices in a float32 model here."""
+    return device.type == "cpu" and dtype == "bfloat16"
+
+
+def amx_capable() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AMX tiles)."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private: absent means no
+    return bool(probe and probe())
+
+
+class HalfLinear(Direct):
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.out_features, self.in_features = linear.weight.shape
+        self.register_buffer("weight", linear.weight.detach().to(MATRIX_DTYPE))
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self._buffers  # nn.Module's attribute lookup costs ~0.5 us a name
+        out = F.linear(x.to(MATRIX_DTYPE), b["weight"]).float()
+        return out if b["bias"] is None else out.add_(b["bias"])
+
+
+def convert(model: nn.Module) -> None:
+    """Give every decoder linear and the lm_head that are still float (not quantized) bfloat16
+    weights, in place. A tied lm_head gets its own bfloat16 copy; the embeddings stay float32."""
+    linears = [*decoder_linears(model), (model, "lm_head")]
+    for owner, name in linears:
+        module = getattr(owner, name)
+        if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32:
+            setattr(owner, name, HalfLinear(module))

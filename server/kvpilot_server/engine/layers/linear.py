@@ -1,0 +1,79 @@
+"""Dense layers for decode-sized batches on CPU.
+
+Which product reads a decode step's weights fastest depends on the machine, so the first small
+product measures the candidates once per process and keeps the fastest:
+- PyTorch's own linear: on some CPUs MKL runs a one-row product on one core and a few rows as
+  separate products, reading the weights at about half the memory bandwidth; on others it is
+  the best there is;
+- the same weight as two halves along its outputs in one batched matmul, which puts both
+  cores of a 2-core machine to work (a single row is doubled first: MKL's one-row batched path
+  is slow);
+- the compiled kernel (kernels/csrc/weight_only.cpp): output rows split across every core, each
+  weight row read once for all the input rows.
+Large batches are compute-bound, where plain `linear` is as good as any.
+"""
+
+import functools
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kvpilot_server.engine.kernels import cpu_kernels
+
+SPLIT_MAX_ROWS = 256  # measured: faster than `linear` up to here, equal at 512
+# Rows up to which the measured choice applies; beyond, MKL's blocking wins (measured at 16).
+DECODE_MAX_ROWS = 4
+Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def _split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    rows, (out_features, in_features) = x.shape[0], weight.shape
+    if out_features % 2:
+        return F.linear(x, weight, bias)
+    if rows == 1:
+        x = torch.cat((x, x))
+    halves = torch.matmul(weight.view(2, out_features // 2, in_features), x.t())
+    out = halves.view(out_features, -1).t()[:rows]
+    return out if bias is None else out + bias
+
+
+def _candidates() -> dict[str, Product]:
+    found: dict[str, Product] = {"linear": F.linear, "split": _split}
+    kernel = cpu_kernels.load()
+    if kernel is not None:
+        found["kernel"] = kernel.float32_linear
+    return found
+
+
+@functools.cache
+def decode_product() -> tuple[str, Product]:
+    """The fastest candidate for one row against weights that are not in cache, as in a decode
+    step (each layer's weights are read once per step): a few dozen MB of distinct matrices,
+    the best of three passes each."""
+    weights = [torch.randn(1536, 576) for _ in range(24)]  # about 85 MB
+    x = torch.randn(1, 576)
+    timings = {}
+    for name, product in _candidates().items():
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for weight in weights:
+                product(x, weight, None)
+            best = min(best, time.perf_counter() - start)
+        timings[name] = best
+    name = min(timings, key=timings.__getitem__)
+    return name, _candidates()[name]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    rows = x.shape[0]
+    if not x.is_cpu or rows > SPLIT_MAX_ROWS:
+        return F.linear(x, weight, bias)
+    if rows <= DECODE_MAX_ROWS and x.dtype == weight.dtype == torch.float32:
+        name, product = decode_product()
+        if name != "kernel" or weight.is_contiguous():
+            return product(x, weight, bias)
+        return F.linear(x, weight, bias)
+    return _split(x, weight, bias)

@@ -1,0 +1,101 @@
+"""What every rank builds the same way: device and dtype from the settings, the model (its share
+under tensor parallelism) with its quantization, and a KV cache block count all ranks agree on."""
+
+import logging
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from kvpilot_common import precision
+from kvpilot_common.errors import ConfigError
+from kvpilot_server.config import EngineConfig
+from kvpilot_server.engine.distributed.group import TensorParallel, agree_min
+from kvpilot_server.engine.distributed.sharding import (
+    global_row_absmax,
+    row_parallel_linears,
+    share_int8_scales,
+)
+from kvpilot_server.engine.layers import half_matrices, kv_cache
+from kvpilot_server.engine.layers.lm_head_quant import quantize_lm_head
+from kvpilot_server.engine.layers.quant import quantize
+from kvpilot_server.engine.models.llama import LlamaForCausalLM
+from kvpilot_server.engine.models.loader import load_model
+
+log = logging.getLogger(__name__)
+
+
+def build_model(
+    config: EngineConfig, path: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel
+) -> LlamaForCausalLM:
+    model = load_model(path, dtype, device, tp)
+    shared = config.quantization == "int8" and tp.size > 1
+    if shared:
+        floats = [getattr(o, n).weight for o, n in row_parallel_linears(model)]
+        absmax = global_row_absmax(model, tp)
+    # After sharding: each rank quantizes its own slices, scales and groups with them.
+    quantize(model, config.quantization, device, config.quantization_group_size)
+    if shared:
+        share_int8_scales(model, floats, absmax)
+    quantize_lm_head(model, config.lm_head_quantization, device)
+    if half_matrices.applies(config.dtype, device):
+        half_matrices.convert(model)
+    return model
+
+
+def count_blocks(
+    config: EngineConfig,
+    model: LlamaForCausalLM,
+    dtype: torch.dtype,
+    device: torch.device,
+    tp: TensorParallel,
+) -> int:
+    """KV blocks this rank's budget holds (kv_cache_bytes, or a fraction of free GPU memory, per
+    rank), the smallest over the ranks: they share one block table."""
+    per_block = kv_cache.bytes_per_block(
+        model.cfg, dtype, device, config.block_size, config.kv_cache_dtype
+    )
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        blocks = int(free * config.kv_cache_memory_fraction) // per_block
+    else:
+        blocks = config.kv_cache_bytes // per_block
+    return agree_min(blocks, tp)
+
+
+def cpu_kernel(device: torch.device, dtype: torch.dtype, head_dim: int) -> ModuleType | None:
+    """The compiled decode attention, where it serves: CPU float32, a head dimension of whole
+    8-float vectors up to 256 (kernels/csrc/paged_decode.cpp refuses others)."""
+    if device.type != "cpu" or dtype != torch.float32 or head_dim % 8 or head_dim > 256:
+        return None
+    from kvpilot_server.engine.kernels import cpu_kernels
+
+    return cpu_kernels.load()
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(f"Unknown device {name!r}: use auto, cpu or cuda[:N]") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"Device {name!r} was asked for, but this machine has no usable CUDA")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"Device type {device.type!r} is not supported: use cpu or cuda")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The model's dtype: its activations, norms and KV cache (bfloat16 on CPU keeps those
+    float32 and only its matrices bfloat16: engine/layers/half_matrices.py)."""
+    if name == "auto":  # why each device gets what it gets: precision.py
+        return getattr(torch, precision.resolve_dtype(name, gpu=device.type == "cuda"))
+    if half_matrices.applies(name, device):
+        if not half_matrices.amx_capable():
+            log.warning("this CPU has no AMX: bfloat16 products are far slower than float32")
+        return torch.float32
+    if device.type == "cpu" and name != precision.AUTO_DTYPE_CPU:
+        log.warning("dtype %s on CPU is usually far slower than float32", name)
+    return getattr(torch, name)

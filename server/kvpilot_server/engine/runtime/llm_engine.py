@@ -1,0 +1,229 @@
+"""The synchronous engine: admit requests, run steps, hand back outputs.
+
+One step = schedule -> run the model -> sample -> the scheduler's update (tokens computed, full
+blocks keyed, sampled tokens appended) -> detokenize/stop checks. A failure confined to one
+request fails that request only; a failure of the whole step fails the requests in it with a
+StepFailedError and the engine goes on with the rest.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from kvpilot_common.errors import InvalidRequestError, ModelLoadError, StepFailedError
+from kvpilot_server.config import EngineConfig
+from kvpilot_server.engine.distributed.group import SINGLE
+from kvpilot_server.engine.distributed.sharding import check
+from kvpilot_server.engine.distributed.workers import Workers, tensor_parallel_size
+from kvpilot_server.engine.layers import kv_cache
+from kvpilot_server.engine.models.loader import load_hf_config
+from kvpilot_server.engine.models.model_config import ModelConfig
+from kvpilot_server.engine.models.model_setup import (
+    build_model,
+    count_blocks,
+    cpu_kernel,
+    resolve_device,
+    resolve_dtype,
+)
+from kvpilot_server.engine.runtime.block_pool import BlockPool
+from kvpilot_server.engine.runtime.detokenizer import Detokenizer
+from kvpilot_server.engine.runtime.inputs import InputProcessor
+from kvpilot_server.engine.runtime.model_runner import ModelRunner
+from kvpilot_server.engine.runtime.request import Request
+from kvpilot_server.engine.runtime.sampler import Sampler
+from kvpilot_server.engine.runtime.scheduler import Scheduler
+from kvpilot_server.engine.runtime.sequence import Priority, Sequence
+from kvpilot_server.models.resolve import resolve_model
+from kvpilot_server.outputs import RequestMetrics, RequestOutput
+from kvpilot_server.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot: the engine thread makes a new one after each step, readers never see it
+    change (a list being sorted in place reads as empty from another thread)."""
+
+    running: dict[Priority, int]
+    waiting: dict[Priority, int]
+    kv_cache_usage: float
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    # Prompt tokens the model computed: cache hits excluded, recomputation after preemption in.
+    num_prefill_tokens: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        path = self.model_path = resolve_model(config.model)
+        size = tensor_parallel_size(config, self.device)
+        # Checked before any worker starts: a size that cannot split the model is a config error.
+        check(ModelConfig.from_hf(load_hf_config(path)), size)
+        self.workers = Workers(config, size, path, self.device, self.dtype) if size > 1 else None
+        try:
+            self._build(config, path)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: EngineConfig, path) -> None:
+        tp = SINGLE if self.workers is None else self.workers.tp
+        self.model = build_model(config, path, self.dtype, self.device, tp)
+        self.tokenizer: PreTrainedTokenizerBase = _tokenizer(path)
+        cfg = self.model.cfg
+        if config.max_model_len is None:
+            config.max_model_len = cfg.max_position_embeddings
+        self.max_model_len = config.max_model_len
+        num_blocks = count_blocks(config, self.model, self.dtype, self.device, tp)
+        if self.workers is not None:
+            self.workers.ready = True  # they now wait for plans (or the stop)
+        config.check_against_model(cfg.max_position_embeddings, num_blocks)
+        self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.pool)
+        cache = kv_cache.allocate(
+            cfg, self.dtype, self.device, num_blocks, config.block_size, config.kv_cache_dtype
+        )
+        kernel = cpu_kernel(self.device, self.dtype, cfg.head_dim)
+        self.runner = ModelRunner(
+            self.model, cache, config.block_size, self.max_model_len, kernel, self.workers
+        )
+        self.sampler = Sampler(cfg.eos_token_ids, config.seed)
+        self.inputs = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (from the thread that steps the engine)."""
+        if self.workers is not None:
+            self.workers.close()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        priority: Priority = Priority.INTERACTIVE,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"Request id {request_id!r} is already in use")
+        token_ids = self.inputs.encode(prompt)
+        max_tokens = self.inputs.max_tokens(len(token_ids), params)
+        seq = Sequence(request_id, token_ids, params, max_tokens, priority)
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        self.requests[request_id] = Request(
+            seq=seq,
+            prompt=prompt if isinstance(prompt, str) else None,
+            prompt_token_ids=list(token_ids),
+            detokenizer=Detokenizer(
+                self.tokenizer,
+                token_ids,
+                params.stop,
+                params.include_stop_str_in_output,
+                params.skip_special_tokens,
+            ),
+            eos_token_ids=self.sampler.eos_token_ids,
+            max_model_len=self.max_model_len,
+            metrics=RequestMetrics(arrival_time=seq.arrival_time),
+            logprobs=[] if params.logprobs is not None else None,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+        )
+        self.scheduler.add(seq)
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        return self.inputs.chat(messages)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        request.finish("abort")
+        return self._release(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        batch = scheduled.num_new_tokens
+        if not batch:
+            return []
+        now = time.monotonic()
+        for seq in batch:
+            metrics = self.requests[seq.request_id].metrics
+            metrics.first_scheduled_time = metrics.first_scheduled_time or now
+        try:
+            logits, sampling, prompt_rows = self.runner.run(scheduled)
+            samples = self.sampler.sample(logits[: len(sampling)], sampling)
+            for seq, rows, first in prompt_rows:
+                targets = seq.token_ids[first : first + rows.stop - rows.start]
+                k = seq.params.prompt_logprobs or 0
+                found = self.sampler.prompt_logprobs(logits[rows], targets, k)
+                self.requests[seq.request_id].add_prompt_logprobs(first, found)
+            pairs = zip(sampling, samples, strict=True)
+            tokens = {seq: s.token_id for seq, s in pairs if not isinstance(s, Exception)}
+            self.scheduler.update(scheduled, tokens)
+        except Exception as exc:  # the whole step failed: fail its requests, keep serving
+            log.exception("engine step failed; failing %d requests", len(batch))
+            error = StepFailedError(f"Engine step failed: {exc}")
+            error.__cause__ = exc
+            return [self._fail(self.requests[s.request_id], error) for s in batch]
+        outputs = []
+        for seq, sample in zip(sampling, samples, strict=True):
+            request = self.requests[seq.request_id]
+            try:
+                if isinstance(sample, Exception):
+                    raise sample
+                request.append(sample)
+            except Exception as exc:  # confined to this request
+                log.exception("request %s failed", seq.request_id)
+                outputs.append(self._fail(request, exc))
+                continue
+            outputs.append(self._release(request) if request.finished else request.take_output())
+        return outputs
+
+    def fail_all(self, exc: Exception) -> list[RequestOutput]:
+        return [self._fail(request, exc) for request in list(self.requests.values())]
+
+    def _fail(self, request: Request, exc: Exception) -> RequestOutput:
+        request.error = exc
+        request.finish("error")
+        return self._release(request)
+
+    def _release(self, request: Request) -> RequestOutput:
+        self.scheduler.remove(request.seq)
+        self.sampler.forget(request.seq)
+        del self.requests[request.seq.request_id]
+        return request.take_output()
+
+    def stats(self) -> EngineStats:
+        running = {p: 0 for p in Priority}
+        for seq in self.scheduler.running:
+            running[seq.priority] += 1
+        return EngineStats(
+            running=running,
+            waiting={p: self.scheduler.num_waiting(p) for p in Priority},
+            kv_cache_usage=self.pool.usage(),
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=self.pool.num_queries,
+            prefix_cache_hits=self.pool.num_hits,
+            num_prefill_tokens=self.scheduler.num_prefill_tokens,
+        )
+
+
+def _tokenizer(path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"Cannot load the tokenizer in {path}: {exc}") from exc

@@ -1,0 +1,202 @@
+"""Runs one scheduled step on the model: flatten the batch, build attention metadata, get logits.
+
+Two halves: run() turns the scheduler's output into a StepPlan of plain numbers and executes it,
+execute() turns a plan into tensors on this rank's device and runs the model. Under tensor
+parallelism rank 0 plans and every rank executes the same plan (engine/distributed/workers.py
+sends it): ranks share the block tables, each holding its own KV heads of every block.
+"""
+
+from types import ModuleType
+from typing import NoReturn, Protocol
+
+import torch
+
+from kvpilot_server.engine.layers.attention import (
+    AttentionMetadata,
+    DecodeGroup,
+    PrefillChunk,
+    visible_keys,
+)
+from kvpilot_server.engine.layers.kv_cache import KVCache
+from kvpilot_server.engine.models.llama import LlamaForCausalLM
+from kvpilot_server.engine.models.model_config import rope_tables
+from kvpilot_server.engine.runtime.scheduler_output import ScheduledSeq, SchedulerOutput, StepPlan
+from kvpilot_server.engine.runtime.sequence import Sequence
+
+# (sequence, rows of the logits, position of the prompt token the first row predicts)
+PromptRows = tuple[Sequence, slice, int]
+_MIN_GROUP_LEN = 64  # contexts shorter than this are cheap: one group holds them all
+
+
+class Peers(Protocol):
+    """The other ranks of a tensor-parallel group, seen from rank 0
+    (engine/distributed/workers.py)."""
+
+    def send(self, plan: StepPlan) -> None: ...
+
+    def fail(self, message: str) -> NoReturn: ...
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_cache: KVCache,
+        block_size: int,
+        max_len: int,
+        kernel: ModuleType | None = None,
+        peers: Peers | None = None,
+    ):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        # The final norm's weight: the embedding table may be int8 (layers/lm_head_quant.py).
+        self.device = model.norm.weight.device
+        cos, sin = rope_tables(model.cfg, max_len)
+        dtype = model.norm.weight.dtype
+        self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
+        self.windows = sorted(set(model.cfg.layer_windows), key=lambda w: w or 0)
+        self.kernel = kernel
+        self.peers = peers  # tensor parallelism: every plan goes to the other ranks first
+
+    @torch.inference_mode()
+    def run(
+        self, scheduled: SchedulerOutput
+    ) -> tuple[torch.Tensor, list[Sequence], list[PromptRows]]:
+        """Logits for every sequence whose last token is computed in this step, in order, then
+        the rows of prompt tokens whose logprobs were asked for (see PromptRows)."""
+        # Decodes first, shortest context first, so that similar lengths share a padded group.
+        ordered = sorted(
+            scheduled.num_new_tokens.items(), key=lambda item: (item[1] != 1, len(item[0]))
+        )
+        ids, positions, slots, rows, sampling = [], [], [], [], []
+        scored: list[tuple[Sequence, int, int]] = []  # prompt logprobs: (seq, first row, count)
+        for seq, n in ordered:
+            start = seq.num_computed_tokens
+            first_row = len(ids)
+            ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            slots.extend(self._slot(seq, p) for p in range(start, start + n))
+            if start + n == len(seq):
+                rows.append(len(ids) - 1)
+                sampling.append(seq)
+            # The row at position p predicts token p + 1: rows before the prompt's last token.
+            count = min(start + n, seq.num_prompt_tokens - 1) - start
+            if seq.params.prompt_logprobs is not None and count > 0:
+                scored.append((seq, first_row, count))
+        prompt_rows = []  # their logits follow the sampling rows
+        for seq, first_row, count in scored:
+            prompt_rows.append(
+                (seq, slice(len(rows), len(rows) + count), seq.num_computed_tokens + 1)
+            )
+            rows.extend(range(first_row, first_row + count))
+        plan = StepPlan(
+            ids=ids,
+            positions=positions,
+            slots=slots,
+            rows=rows,
+            seqs=[
+                ScheduledSeq(seq.num_computed_tokens, n, len(seq), list(seq.block_table))
+                for seq, n in ordered
+            ],
+        )
+        if self.peers is None:
+            logits = self.execute(plan, logits=True)
+        else:
+            self.peers.send(plan)
+            try:
+                logits = self.execute(plan, logits=True)
+            except Exception as exc:  # the ranks may now be out of step: nothing can recover
+                self.peers.fail(f"rank 0 failed inside a step: {exc}")
+        assert logits is not None
+        return logits, sampling, prompt_rows
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan, logits: bool) -> torch.Tensor | None:
+        """Run the model over a plan; logits=False (tensor-parallel workers) stops before the
+        vocabulary projection."""
+        pos = torch.tensor(plan.positions, device=self.device)
+        slots = torch.tensor(plan.slots, device=self.device)
+        metas = {w: self._metadata(plan.seqs, slots, w) for w in self.windows}
+        rows = torch.tensor(plan.rows, device=self.device, dtype=torch.long) if logits else None
+        return self.model(
+            torch.tensor(plan.ids, device=self.device),
+            self.cos[pos].unsqueeze(1),
+            self.sin[pos].unsqueeze(1),
+            self.kv_cache,
+            metas,
+            rows,
+        )
+
+    def _slot(self, seq: Sequence, position: int) -> int:
+        return seq.block_table[position // self.block_size] * self.block_size + (
+            position % self.block_size
+        )
+
+    def _metadata(
+        self, ordered: list[ScheduledSeq], slots: torch.Tensor, window: int | None
+    ) -> AttentionMetadata:
+        meta = AttentionMetadata(slot_mapping=slots, window=window, kernel=self.kernel)
+        decodes = [seq for seq in ordered if seq.n == 1]
+        start = 0
+        # The kernel reads each sequence's own length: one group, no padding cost.
+        groups = [decodes] if self.kernel is not None and decodes else _length_groups(decodes)
+        for group in groups:
+            meta.decodes.append(self._decode_group(start, group, window))
+            start += len(group)
+        row = len(decodes)
+        for seq in ordered[len(decodes) :]:
+            n = seq.n
+            context = seq.computed + n
+            fresh = seq.computed == 0 and (window is None or window >= n)
+            blocks = seq.block_table[: -(-context // self.block_size)]
+            positions = torch.arange(context - n, context)
+            mask = None if fresh else visible_keys(positions, context, window)
+            meta.prefills.append(
+                PrefillChunk(
+                    start=row,
+                    end=row + n,
+                    block_ids=torch.tensor(blocks, device=self.device),
+                    context_len=context,
+                    mask=None if mask is None else mask.to(self.device),
+                )
+            )
+            row += n
+        return meta
+
+    def _decode_group(
+        self, start: int, seqs: list[ScheduledSeq], window: int | None
+    ) -> DecodeGroup:
+        lens = [seq.computed + 1 for seq in seqs]
+        width = -(-max(lens) // self.block_size)
+        # Padding points at block 0; the mask hides it.
+        ids = [
+            b
+            for seq in seqs
+            for b in seq.block_table[:width] + [0] * (width - len(seq.block_table[:width]))
+        ]
+        context = torch.tensor(lens)
+        mask = None
+        if self.kernel is None:
+            mask = visible_keys(context - 1, width * self.block_size, window)
+            mask = mask[None, :, None, :].to(self.device)
+        return DecodeGroup(
+            start=start,
+            end=start + len(seqs),
+            block_ids=torch.tensor(ids, device=self.device),
+            blocks=width,
+            mask=mask,
+            context_lens=context.to(self.device),
+        )
+
+
+def _length_groups(seqs: list[ScheduledSeq]) -> list[list[ScheduledSeq]]:
+    """Split length-sorted sequences where the length doubles: padding stays under 2x while
+    the number of attention calls stays small."""
+    groups: list[list[ScheduledSeq]] = []
+    for seq in seqs:
+        if groups and seq.length <= 2 * max(groups[-1][0].length, _MIN_GROUP_LEN):
+            groups[-1].append(seq)
+        else:
+            groups.append([seq])
+    return groups

@@ -1,0 +1,156 @@
+"""Continuous batching: which sequences compute how many tokens in the next step.
+
+Each step spends a token budget (max_num_batched_tokens) over at most max_num_seqs sequences.
+Running sequences go first (interactive before batch, then by arrival), then waiting ones;
+prompts longer than what is left of the budget are prefilled in chunks across steps. When KV
+blocks run out, the lowest-priority, latest running sequence is preempted: its blocks are freed
+and it is recomputed later (its prefix is often still in the cache). Batch-class work only gets
+what interactive work leaves: an interactive request that does not fit evicts running batch work.
+
+Identical prompts admitted together (the n choices of one API request, or clients sharing a
+system prompt) would each prefill the whole prompt, since a block only serves from the prefix
+cache once it is computed and keyed. So a waiting sequence whose next uncached full block is
+being prefilled right now by a running sequence is held back until that block is keyed; then it
+computes only what the cache cannot serve (its last, partial block). n choices cost one prefill
+plus n-1 partial blocks, and each choice stays an ordinary request: its own seed, sampler
+state, abort and preemption, nothing shared but ref-counted cached blocks. vLLM instead forks
+one prefilled sequence into n children; that would need one engine request with n outputs, a
+copy of the partial block in the KV cache and a sampler fed from one logits row n times, for at
+most n-1 partial blocks saved. Without prefix caching nothing is shared, so nothing is held back.
+"""
+
+from collections import deque
+
+from kvpilot_server.config import EngineConfig
+from kvpilot_server.engine.runtime.block_pool import BlockPool
+from kvpilot_server.engine.runtime.scheduler_output import SchedulerOutput
+from kvpilot_server.engine.runtime.sequence import Priority, Sequence, SequenceStatus
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, pool: BlockPool) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.pool = pool
+        self.waiting: dict[Priority, deque[Sequence]] = {p: deque() for p in Priority}
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.num_prefill_tokens = 0  # prompt tokens run through the model (cache hits excluded)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting[seq.priority].append(seq)
+
+    def num_waiting(self, priority: Priority | None = None) -> int:
+        queues = self.waiting.values() if priority is None else [self.waiting[priority]]
+        return sum(len(q) for q in queues)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take seq out of the schedule (finished or aborted) and release its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting[seq.priority]:
+            self.waiting[seq.priority].remove(seq)
+        self.pool.free_seq(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def schedule(self) -> SchedulerOutput:
+        """Sequences to run this step, each with its number of new tokens."""
+        batch: dict[Sequence, int] = {}  # built up here, entries dropped again on preemption
+        preempted = self._schedule_running(batch)
+        if not preempted:
+            self._schedule_waiting(batch)
+        return SchedulerOutput(batch)
+
+    def update(self, scheduled: SchedulerOutput, tokens: dict[Sequence, int]) -> None:
+        """After the model ran `scheduled`: count the tokens it computed, key the blocks they
+        filled for the prefix cache, and append to each sequence the token sampled for it
+        (`tokens` holds the sequences whose whole context was computed and whose sampling
+        succeeded)."""
+        for seq, n in scheduled.num_new_tokens.items():
+            self.num_prefill_tokens += max(
+                0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens)
+            )
+            seq.num_computed_tokens += n
+            self.pool.commit_full_blocks(seq)
+        for seq, token in tokens.items():
+            seq.token_ids.append(token)
+
+    def _budget(self, batch: dict[Sequence, int]) -> int:
+        return self.max_num_batched_tokens - sum(batch.values())
+
+    def _schedule_running(self, batch: dict[Sequence, int]) -> bool:
+        self.running.sort(key=Sequence.sort_key)
+        preempted = False
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_uncomputed_tokens, self._budget(batch))
+            if n == 0:
+                break
+            while not self.pool.can_allocate(seq, n):
+                preempted = True
+                victim = self.running[-1]
+                self._preempt(victim, batch)
+                if victim is seq:
+                    break
+            if seq.status is SequenceStatus.RUNNING:
+                self.pool.allocate(seq, n)
+                batch[seq] = n
+        return preempted
+
+    def _schedule_waiting(self, batch: dict[Sequence, int]) -> None:
+        for priority in Priority:
+            queue = self.waiting[priority]
+            held: list[Sequence] = []  # keep their place: they run as soon as the blocks are keyed
+            while queue and self._budget(batch) > 0:
+                seq = queue[0]
+                hits = self.pool.match_prefix(seq)
+                if self._awaits_prefill(seq, len(hits)):
+                    held.append(queue.popleft())
+                    continue
+                n = min(len(seq) - len(hits) * self.pool.block_size, self._budget(batch))
+                fits = len(self.running) < self.max_num_seqs and self.pool.can_allocate(
+                    seq, n, hits
+                )
+                if not fits:
+                    if priority is Priority.INTERACTIVE and self._evict_batch_work(batch):
+                        continue
+                    break
+                queue.popleft()
+                self.pool.count_query(seq, len(hits))
+                self.pool.allocate(seq, n, hits)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                batch[seq] = n
+            queue.extendleft(reversed(held))
+
+    def _awaits_prefill(self, seq: Sequence, num_hit_blocks: int) -> bool:
+        """Whether a running sequence is about to compute seq's next full block, which seq would
+        otherwise compute again (and which would then serve it from the cache)."""
+        if not self.pool.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return False
+        end = (num_hit_blocks + 1) * self.pool.block_size  # where the next full block ends
+        if end > len(seq) - 1:  # the block holding the last token is never served (match_prefix)
+            return False
+        head = seq.token_ids[:end]
+        return any(
+            other.num_computed_tokens < end <= len(other) and other.token_ids[:end] == head
+            for other in self.running
+        )
+
+    def _evict_batch_work(self, batch: dict[Sequence, int]) -> bool:
+        victims = [s for s in self.running if s.priority is Priority.BATCH]
+        if not victims:
+            return False
+        self._preempt(max(victims, key=Sequence.sort_key), batch)
+        return True
+
+    def _preempt(self, seq: Sequence, batch: dict[Sequence, int]) -> None:
+        self.running.remove(seq)
+        batch.pop(seq, None)
+        self.pool.free_seq(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting[seq.priority].appendleft(seq)

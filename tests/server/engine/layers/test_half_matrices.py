@@ -1,0 +1,74 @@
+"""dtype bfloat16 on CPU: bfloat16 matrices in a float32 model (engine/layers/half_matrices.py).
+
+The oracle is Hugging Face's model in float32 with each linear layer doing what HalfLinear
+does (input and weight rounded to bfloat16, the product returned as float32): greedy output
+equal token for token, through the engine's batching, chunked prefill and decode kernels."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot_server import LLM, SamplingParams
+from kvpilot_server.engine.layers.half_matrices import HalfLinear
+
+MiB = 1 << 20
+
+
+def _hf_half_greedy(path, prompts, max_tokens) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            weight, bias = module.weight.detach().bfloat16(), module.bias
+
+            def forward(x, weight=weight, bias=bias):
+                out = F.linear(x.bfloat16(), weight).float()
+                return out if bias is None else out + bias
+
+            module.forward = forward
+    outputs = []
+    with torch.inference_mode():
+        for prompt, n in zip(prompts, max_tokens, strict=True):
+            out = model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=n,
+                do_sample=False,
+                pad_token_id=model.config.eos_token_id,
+            )
+            outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral-window"])
+def test_bfloat16_matrices_match_hf_doing_the_same(tiny_dir, corpus_ids, name):
+    path = tiny_dir(name)
+    llm = LLM(str(path), dtype="bfloat16", kv_cache_bytes=32 * MiB, max_num_batched_tokens=48)
+    model = llm.engine.model
+    layer = model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, HalfLinear)
+    assert isinstance(layer.mlp.down_proj, HalfLinear) and isinstance(model.lm_head, HalfLinear)
+    # Everything between the matrices stays float32, so the compiled kernels serve it.
+    assert model.embed_tokens.weight.dtype == torch.float32
+    assert llm.engine.runner.kv_cache[0].k.dtype == torch.float32
+    assert llm.engine.runner.kernel is not None
+    rng = random.Random(3)
+    prompts = [corpus_ids[(s := rng.randrange(500)) : s + n] for n in (3, 40, 90, 17, 130)]
+    max_tokens = [20, 12, 25, 30, 9]
+    params = [SamplingParams(max_tokens=n, temperature=0.0) for n in max_tokens]
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == _hf_half_greedy(path, prompts, max_tokens)
+
+
+def test_quantized_layers_stay_quantized_and_float32_stays_float32(tiny_dir):
+    path = str(tiny_dir("llama"))
+    int4 = LLM(path, dtype="bfloat16", quantization="int4", kv_cache_bytes=16 * MiB)
+    layer = int4.engine.model.layers[0]
+    assert type(layer.mlp.gate_up_proj).__name__ == "Int4Linear"
+    assert isinstance(int4.engine.model.lm_head, HalfLinear)  # the float one left
+    plain = LLM(path, kv_cache_bytes=16 * MiB)  # auto: float32 on CPU, the exact reference
+    assert not any(isinstance(m, HalfLinear) for m in plain.engine.model.modules())
