@@ -10,8 +10,8 @@ kv/token  = 2 (K and V) x layers x kv_heads x (head_dim x bytes per KV element
 kv budget = (device memory - weights - runtime headroom) x kv fraction
 
 With tensor parallelism over N GPUs every figure is per GPU: the decoder's linear layers are
-split N ways, the embedding and lm_head are replicated (engine/distributed/sharding.py says why), each GPU
-stores kv_heads / N KV heads (one, replicated, when there are fewer heads than GPUs), and the
+split N ways, the embedding and lm_head are replicated (engine/distributed/sharding.py says
+why), each GPU stores kv_heads / N KV heads (one, replicated, when there are fewer heads than GPUs), and the
 replica holds as many tokens as one GPU's KV budget does. Norms (a few thousand parameters per
 layer) are counted as split, though replicated.
 

@@ -55,8 +55,8 @@ DTYPES = _table(
 )
 DEFAULT_DTYPE = "auto"
 # What auto resolves to. CPU: float32, the dtype whose greedy output equals Hugging Face's;
-# bfloat16 there means bfloat16 matrices in a float32 model (engine/layers/half_matrices.py), several
-# times faster on CPUs with AMX and hundreds of times slower on those without. GPUs run 16-bit
+# bfloat16 there means bfloat16 matrices in a float32 model (engine/layers/half_matrices.py),
+# several times faster on CPUs with AMX and hundreds of times slower on those without. GPUs run 16-bit
 # at full speed with half the memory.
 AUTO_DTYPE_CPU = "float32"
 AUTO_DTYPE_GPU = "bfloat16"
