@@ -11,9 +11,9 @@ kv budget = (device memory - weights - runtime headroom) x kv fraction
 
 With tensor parallelism over N GPUs every figure is per GPU: the decoder's linear layers are
 split N ways, the embedding and lm_head are replicated (engine/distributed/sharding.py says
-why), each GPU stores kv_heads / N KV heads (one, replicated, when there are fewer heads than GPUs), and the
-replica holds as many tokens as one GPU's KV budget does. Norms (a few thousand parameters per
-layer) are counted as split, though replicated.
+why), each GPU stores kv_heads / N KV heads (one, replicated, when there are fewer heads than
+GPUs), and the replica holds as many tokens as one GPU's KV budget does. Norms (a few thousand
+parameters per layer) are counted as split, though replicated.
 
 The bytes per weight and per KV element, and the architectures' layouts, are
 kvpilot_common.precision's: the engine allocates by the same rules.

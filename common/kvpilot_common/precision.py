@@ -56,8 +56,8 @@ DTYPES = _table(
 DEFAULT_DTYPE = "auto"
 # What auto resolves to. CPU: float32, the dtype whose greedy output equals Hugging Face's;
 # bfloat16 there means bfloat16 matrices in a float32 model (engine/layers/half_matrices.py),
-# several times faster on CPUs with AMX and hundreds of times slower on those without. GPUs run 16-bit
-# at full speed with half the memory.
+# several times faster on CPUs with AMX and hundreds of times slower on those without. GPUs run
+# 16-bit at full speed with half the memory.
 AUTO_DTYPE_CPU = "float32"
 AUTO_DTYPE_GPU = "bfloat16"
 # Dtypes with a size: `kvpilot plan` needs one, it knows no device to resolve auto on.
