@@ -109,9 +109,7 @@ def shape_from_config(config: dict) -> ModelShape:
 
 # Known models by source, so the fit check works before anything is downloaded.
 KNOWN_MODELS = {
-    BUNDLED_MODEL: ModelShape(
-        134_515_008, 576, 30, 3, 64, 49152, True, 8192, 9
-    ),
+    BUNDLED_MODEL: ModelShape(134_515_008, 576, 30, 3, 64, 49152, True, 8192, 9),
     "hf://Qwen/Qwen2.5-0.5B-Instruct": ModelShape(
         494_032_768, 896, 24, 2, 64, 151936, True, 32768, 14
     ),
