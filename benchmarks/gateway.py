@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvpilot_common import metric_names as names
 from kvpilot_server.models.builtin import builtin_path
 from kvpilot_testing import results
 from kvpilot_testing.kube.cluster import MD, Cluster, create_namespace, wait_for
@@ -44,8 +45,8 @@ from kvpilot_testing.kube.node import PORT, Node, serve_tiny
 from kvpilot_testing.tiny import build_tiny_model
 
 SERVED, ASLEEP = "alpha", "asleep"
-HELD = "kvpilot_gateway_requests_held"
-HOLD_COUNT = "kvpilot_gateway_hold_seconds_count"
+HELD = names.GATEWAY_HELD
+HOLD_COUNT = f"{names.GATEWAY_HOLD_SECONDS}_count"  # the histogram's count sample
 # Sockets the benchmark itself needs beside the held streams (the plane's client, logs, ...).
 FD_RESERVE = 256
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvpilot_common import metric_names as names
 from kvpilot_testing.live_server import free_port, start_tiny_server, stop_server, terminate
 
 HEALTH_BUDGET_S = 1.0  # /health must answer within this, during any attack
@@ -78,10 +79,10 @@ def read_gauges(base: str) -> dict[str, float | None]:
     """Sums over labels of the queue, running, KV-usage and admitted (in-flight) gauges;
     None for a gauge the server does not export."""
     wanted = {
-        "kvpilot_requests_waiting": "waiting",
-        "kvpilot_requests_running": "running",
-        "kvpilot_kv_cache_usage_ratio": "kv_usage",
-        "kvpilot_requests_in_flight": "in_flight",
+        names.REQUESTS_WAITING: "waiting",
+        names.REQUESTS_RUNNING: "running",
+        names.KV_CACHE_USAGE: "kv_usage",
+        names.REQUESTS_IN_FLIGHT: "in_flight",
     }
     out: dict[str, float | None] = dict.fromkeys(wanted.values())
     text = httpx.get(f"{base}/metrics", timeout=5.0).text
