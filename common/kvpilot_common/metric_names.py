@@ -23,6 +23,13 @@ PREFIX_CACHE_HITS = "kvpilot_prefix_cache_hits_total"  # vllm:prefix_cache_hits_
 PREFILL_TOKENS = "kvpilot_prefill_tokens_total"  # no vLLM counterpart
 ENGINE_INFO = "kvpilot_engine_info"  # vllm:cache_config_info
 
+# Label values that the server writes and the dashboards, the alerts and the autoscaler select on.
+# REQUESTS' outcome is a finish reason (stop, length, abort, ...) or one of these two:
+OUTCOME_REJECTED = "rejected"  # refused before running: invalid (400) or overloaded (429)
+OUTCOME_ERROR = "error"  # failed: 500s, 408 timeouts, a step that failed
+# REQUESTS_WAITING's and REQUESTS_RUNNING's class: the scheduler's two priorities.
+CLASS_INTERACTIVE, CLASS_BATCH = "interactive", "batch"
+
 # The same state under vLLM's own names, for consumers that cannot be pointed at ours: the
 # Gateway API Inference Extension's endpoint picker reads these by default, and KEDA recipes
 # written for vLLM query them. Gauges carry vLLM's labels model_name and engine; the cache

@@ -33,7 +33,10 @@ def parse(text: str, time: float, latency_metric: str) -> Sample:
     histogram, waiting, buckets = LATENCY_METRICS[latency_metric], 0.0, {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == names.REQUESTS_WAITING and s.labels.get("class") == "interactive":
+            if (
+                s.name == names.REQUESTS_WAITING
+                and s.labels.get("class") == names.CLASS_INTERACTIVE
+            ):
                 waiting += s.value
             elif s.name == f"{histogram}_bucket":
                 le = float(s.labels["le"])

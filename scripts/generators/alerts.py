@@ -45,7 +45,7 @@ def alert_groups() -> dict[str, Any]:
     ready = f"max by (namespace, name) ({names.OPERATOR_READY_REPLICAS})"
     desired = f"max by (namespace, name) ({names.OPERATOR_DESIRED_REPLICAS})"
     requests = f"sum by (namespace, model) ({rate(names.REQUESTS, '', '5m')})"
-    failed = 'outcome="error"'
+    failed = f'outcome="{names.OUTCOME_ERROR}"'
     errors = f"sum by (namespace, model) ({rate(names.REQUESTS, '', '5m', failed)})"
     maximum = f"max by (namespace, name) ({names.OPERATOR_MAX_REPLICAS})"
     ready_by_ns = f"sum by (namespace) ({names.OPERATOR_READY_REPLICAS})"
@@ -79,7 +79,7 @@ def alert_groups() -> dict[str, Any]:
         alert(
             "KvpilotQueueBacklog",
             "avg by (namespace, model) (\n"
-            f'  avg_over_time({names.REQUESTS_WAITING}{{class="interactive"}}[5m])\n'
+            f'  avg_over_time({names.REQUESTS_WAITING}{{class="{names.CLASS_INTERACTIVE}"}}[5m])\n'
             ")\n> 50",
             "10m",
             "warning",

@@ -16,7 +16,7 @@ def fleet() -> dashboard.Dashboard:
         f"sum by (namespace, name, direction, reason) "
         f"({increase(names.OPERATOR_SCALE_EVENTS, OPERATOR)})"
     )
-    interactive = 'class="interactive"'
+    interactive = f'class="{names.CLASS_INTERACTIVE}"'
     built = (
         new_dashboard(
             "kvpilot-fleet",

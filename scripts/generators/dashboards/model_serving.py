@@ -79,7 +79,7 @@ def model_serving() -> dashboard.Dashboard:
                 'There is no status-code metric: this is outcome="rejected", requests refused '
                 "before running: 429s (waiting queue full) and 400s from the cost limits "
                 f"(context length, KV cache capacity) together, as a {ratio}.",
-                [(outcome_ratio("rejected", ENGINE, "model"), "{{model}}")],
+                [(outcome_ratio(names.OUTCOME_REJECTED, ENGINE, "model"), "{{model}}")],
                 unit="percentunit",
                 ratio=True,
             )
@@ -91,7 +91,7 @@ def model_serving() -> dashboard.Dashboard:
                 "and failures after a stream started (an error event in a 200 stream), as a "
                 f"{ratio}. 503s (draining, engine loop down) are answered before a request is "
                 "counted.",
-                [(outcome_ratio("error", ENGINE, "model"), "{{model}}")],
+                [(outcome_ratio(names.OUTCOME_ERROR, ENGINE, "model"), "{{model}}")],
                 unit="percentunit",
                 ratio=True,
             )

@@ -16,6 +16,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from kvpilot_common import metric_names as names
 from kvpilot_common.errors import InvalidRequestError, OverloadedError
 from kvpilot_common.http.errors import from_exception
 from kvpilot_server.api import responses
@@ -73,7 +74,7 @@ class Completions:
         except Exception as exc:
             response = from_exception(exc)
             rejected = isinstance(exc, InvalidRequestError | OverloadedError)
-            done(response.status_code, "rejected" if rejected else "error")
+            done(response.status_code, names.OUTCOME_REJECTED if rejected else names.OUTCOME_ERROR)
             return response
         envelope = responses.Envelope(request_id, self.model, chat)
         to_logprobs = responses.chat_logprobs if chat else responses.completion_logprobs
@@ -97,7 +98,7 @@ class Completions:
                 return Response(status_code=CLIENT_CLOSED)
         except Exception as exc:
             response = from_exception(exc)
-            done(response.status_code, "error")
+            done(response.status_code, names.OUTCOME_ERROR)
             return response
         done(200, None)
         finals: list[RequestOutput] = outputs  # type: ignore[assignment] - all finished
@@ -138,7 +139,7 @@ class _Accounting:
         """outcome None: the request completed and each choice counts its own finish reason."""
         reasons = []
         for output in self.outputs:
-            reason = outcome or (output and output.outputs[0].finish_reason) or "error"
+            reason = outcome or (output and output.outputs[0].finish_reason) or names.OUTCOME_ERROR
             self.metrics.observe_finished(output, reason)
             reasons.append(reason)
         log_request(self.request_id, status, self.outputs, ",".join(sorted(set(reasons))))
@@ -194,7 +195,7 @@ async def _sse(
                 yield event(envelope.chunk(index, output, logprobs(samples), opening))
             item = await anext(rest, None)
     except Exception as exc:  # mid-stream failure: say so in the stream, in OpenAI's shape
-        done(200, "error")
+        done(200, names.OUTCOME_ERROR)
         yield event(json.loads(from_exception(exc).body))
     except BaseException:  # the client went away (cancellation): the engine aborts the request
         done(200, "abort")

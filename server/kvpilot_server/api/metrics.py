@@ -10,7 +10,11 @@ from kvpilot_common import metric_names as names
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.engine.runtime.async_engine import AsyncEngine
 from kvpilot_server.engine.runtime.llm_engine import EngineStats
+from kvpilot_server.engine.runtime.sequence import Priority
 from kvpilot_server.outputs import RequestOutput
+
+# The class label of each scheduler priority.
+CLASSES = {Priority.INTERACTIVE: names.CLASS_INTERACTIVE, Priority.BATCH: names.CLASS_BATCH}
 
 
 class EngineCollector:
@@ -27,7 +31,7 @@ class EngineCollector:
         )
         running = GaugeMetricFamily(names.REQUESTS_RUNNING, "Requests running", labels=labels)
         for priority in stats.running:
-            cls = priority.name.lower()
+            cls = CLASSES[priority]
             waiting.add_metric([self.model, cls], stats.waiting[priority])
             running.add_metric([self.model, cls], stats.running[priority])
         yield waiting
