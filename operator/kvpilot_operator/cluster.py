@@ -10,7 +10,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from kvpilot_common.kube import ModelDeploymentResource
-from kvpilot_operator import crd
+from kvpilot_common.naming import GROUP, PLURAL, VERSION
 
 KINDS: dict[str, Any] = {
     "Deployment": Deployment,
@@ -18,7 +18,7 @@ KINDS: dict[str, Any] = {
     "PodDisruptionBudget": PodDisruptionBudget,
 }
 FIELD_MANAGER = "kvpilot-operator"
-RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)  # what the kopf handlers watch
+RESOURCE = (GROUP, VERSION, PLURAL)  # what the kopf handlers watch
 RETRY_SECONDS = 5  # after an API error; kopf's default of 60 s leaves status stale too long
 _cluster: "Cluster | None" = None
 
