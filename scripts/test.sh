@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The test command: set up (idempotent), build the Kubernetes control plane the operator tests
-# run against (once; cached outside the repo), lint, then the whole suite. Extra args go to pytest.
+# run against (once; cached outside the repo), lint and format check, type-check the torch-free packages (the files
+# are in pyproject.toml's [tool.mypy]), then the whole suite. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/controlplane.sh >/dev/null
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
 .venv/bin/python -m pytest "$@"

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvpilot_testing.crd_rules import errors
 from kvpilot_testing.helm import MONITORING_API, notes, render
 from scripts.generators import crd_reference, outputs
-from tests.operator.crd_rules import errors
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs"

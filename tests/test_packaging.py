@@ -6,13 +6,11 @@ the tiny models), and nothing outside tests/ reaches into tests/ or edits sys.pa
 Each side (server, operator, gateway, bench) is checked twice: statically (every third-party
 import of the side and of the kvpilot_common modules it uses is installed by that side's extra,
 read from pyproject.toml and the installed packages' metadata; no side imports another) and by
-running it in a subprocess where everything else is made unimportable: a
-sitecustomize first on PYTHONPATH puts a finder at the head of sys.meta_path that raises
-ModuleNotFoundError for hidden modules, as if they were not installed."""
+running it in a subprocess where everything else is made unimportable, as if it were not
+installed (kvpilot_testing.hiding)."""
 
 import ast
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +33,7 @@ from kvpilot_common.extras import (
     OPERATOR_MODULES,
     SERVER_MODULES,
 )
+from kvpilot_testing.hiding import hidden_imports, hiding_env, run_python
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, wait_for
 from kvpilot_testing.kube.node import Node
 from kvpilot_testing.live_server import free_port, start_tiny_server, stop_server, terminate
@@ -48,44 +47,6 @@ SIDES = {
     "kvpilot_bench": ROOT / "bench" / "kvpilot_bench",
 }
 OURS = {"kvpilot_common", *SIDES}
-# The sitecustomize. Hidden modules look absent, not broken: every finder on sys.meta_path is
-# wrapped to answer None for them, so `import torch` raises the usual ModuleNotFoundError and
-# importlib.util.find_spec("torch") is None (libraries probe optional modules that way; a finder
-# that raised instead would break them where a real install without torch works).
-HIDER = """
-import os
-import sys
-
-_block = set(filter(None, os.environ.get("KVPILOT_TEST_HIDE", "").split(",")))
-_allow = os.environ.get("KVPILOT_TEST_ALLOW_ONLY")
-_allow = None if _allow is None else set(_allow.split(",")) | set(sys.stdlib_module_names)
-# sysconfig's build-time data (read by zoneinfo, so by dateutil and matplotlib) is part of the
-# standard library, though sys.stdlib_module_names does not list it.
-_STDLIB_PREFIXES = ("_sysconfigdata_",)
-_log = os.environ.get("KVPILOT_TEST_HIDDEN_LOG")
-
-
-class _Hiding:
-    def __init__(self, finder):
-        self._finder = finder
-
-    def find_spec(self, name, path=None, target=None):
-        top = name.partition(".")[0]
-        allowed = top in _allow or top.startswith(_STDLIB_PREFIXES) if _allow is not None else True
-        if top in _block or not allowed:
-            if _log:
-                with open(_log, "a") as f:
-                    f.write(name + "\\n")
-            return None
-        find = getattr(self._finder, "find_spec", None)
-        return find(name, path, target) if find else None
-
-    def __getattr__(self, attribute):  # invalidate_caches, find_distributions, ...
-        return getattr(self._finder, attribute)
-
-
-sys.meta_path[:] = [_Hiding(finder) for finder in sys.meta_path]
-"""
 
 
 # -- what each extra installs -----------------------------------------------------------------
@@ -332,61 +293,30 @@ def test_the_scan_sees_what_it_forbids(tmp_path):
 # -- running with modules hidden --------------------------------------------------------------
 
 
-def _hiding_env(tmp_path: Path, hide: set[str] = frozenset(), allow_only: set[str] | None = None):
-    site = tmp_path / "hider"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(HIDER)
-    paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    env["KVPILOT_TEST_HIDE"] = ",".join(sorted(hide))
-    env["KVPILOT_TEST_HIDDEN_LOG"] = str(tmp_path / "hidden.log")
-    if allow_only is not None:
-        env["KVPILOT_TEST_ALLOW_ONLY"] = ",".join(sorted(allow_only))
-    else:
-        env.pop("KVPILOT_TEST_ALLOW_ONLY", None)
-    return env
-
-
-def _python(env: dict, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def _hidden(tmp_path: Path) -> list[str]:
-    log = tmp_path / "hidden.log"
-    return log.read_text().split() if log.exists() else []
-
-
 def test_the_hider_hides(tmp_path):
-    env = _hiding_env(tmp_path, hide={"torch"})
-    result = _python(env, "-c", "import torch")
+    env = hiding_env(tmp_path, hide={"torch"})
+    result = run_python(env, "-c", "import torch")
     assert result.returncode == 1 and "No module named 'torch'" in result.stderr
-    result = _python(env, "-c", "import importlib.util; print(importlib.util.find_spec('torch'))")
+    probe = "import importlib.util; print(importlib.util.find_spec('torch'))"
+    result = run_python(env, "-c", probe)
     assert result.stdout == "None\n", result.stderr
-    env = _hiding_env(tmp_path, allow_only=OURS)
-    assert _python(env, "-c", "import yaml").returncode == 1
-    assert _python(env, "-c", "import json, kvpilot_server").returncode == 0
+    env = hiding_env(tmp_path, allow_only=OURS)
+    assert run_python(env, "-c", "import yaml").returncode == 1
+    assert run_python(env, "-c", "import json, kvpilot_server").returncode == 0
 
 
 def test_base_install_runs_the_cli_plan_and_the_shared_modules(tmp_path):
-    env = _hiding_env(tmp_path, allow_only=_importable(None))
+    env = hiding_env(tmp_path, allow_only=_importable(None))
     shared = "memory_model, metric_names, termination, precision, naming, demand, cli, extras"
     imports = "; ".join(f"import kvpilot_common.{m}" for m in shared.split(", "))
     imports += "; import kvpilot_server.plan, kvpilot_server.engine_args, kvpilot_server.commands"
-    result = _python(env, "-c", imports)
+    result = run_python(env, "-c", imports)
     assert result.returncode == 0, result.stderr
-    result = _python(env, "-m", "kvpilot_common.cli", "--help")
+    result = run_python(env, "-m", "kvpilot_common.cli", "--help")
     assert result.returncode == 0 and "operator" in result.stdout, result.stderr
-    result = _python(env, "-m", "kvpilot_common.cli", "plan", "--gpu-type", "L4", "--json")
+    result = run_python(env, "-m", "kvpilot_common.cli", "plan", "--gpu-type", "L4", "--json")
     assert result.returncode == 0, result.stderr
-    assert not {"torch", "yaml", "kopf"} & {m.partition(".")[0] for m in _hidden(tmp_path)}
+    assert not {"torch", "yaml", "kopf"} & {m.partition(".")[0] for m in hidden_imports(tmp_path)}
 
 
 @pytest.mark.parametrize("hidden", ["torch,transformers", "starlette"])
@@ -394,8 +324,8 @@ def test_base_install_runs_the_cli_plan_and_the_shared_modules(tmp_path):
     "command", [["serve"], ["generate", "hello"], ["eval", "--configs", "none"]]
 )
 def test_engine_commands_without_the_server_extra_name_it_in_one_line(tmp_path, command, hidden):
-    env = _hiding_env(tmp_path, hide=set(hidden.split(",")))
-    result = _python(env, "-m", "kvpilot_common.cli", *command)
+    env = hiding_env(tmp_path, hide=set(hidden.split(",")))
+    result = run_python(env, "-m", "kvpilot_common.cli", *command)
     assert result.returncode == 1
     assert result.stdout == "" and "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
@@ -405,8 +335,8 @@ def test_engine_commands_without_the_server_extra_name_it_in_one_line(tmp_path, 
 
 
 def test_bench_without_its_extra_names_it_in_one_line(tmp_path):
-    env = _hiding_env(tmp_path, hide={"matplotlib"})
-    result = _python(env, "-m", "kvpilot_common.cli", "bench", "--url", "http://127.0.0.1:9")
+    env = hiding_env(tmp_path, hide={"matplotlib"})
+    result = run_python(env, "-m", "kvpilot_common.cli", "bench", "--url", "http://127.0.0.1:9")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         "kvpilot bench: matplotlib not installed; "
@@ -426,7 +356,7 @@ def _every_module_imports_light(env: dict, package: str, folder: Path) -> None:
         assert not heavy, heavy
         """
     )
-    result = _python(env, "-c", check)
+    result = run_python(env, "-c", check)
     assert result.returncode == 0, result.stderr
 
 
@@ -434,12 +364,12 @@ def test_bench_runs_with_only_its_extra_installed(tmp_path, tiny_dir):
     """Every bench module imports and `kvpilot bench` measures a live server (a tiny model,
     started normally) in a Python that can import only the standard library and what
     kvpilot[bench] installs: no torch, no transformers, no starlette."""
-    env = _hiding_env(tmp_path, allow_only=_importable("bench"))
+    env = hiding_env(tmp_path, allow_only=_importable("bench"))
     _every_module_imports_light(env, "kvpilot_bench", SIDES["kvpilot_bench"])
     proc, base = start_tiny_server(tiny_dir("llama"))
     try:
         report = tmp_path / "report.json"
-        result = _python(
+        result = run_python(
             env,
             "-m",
             "kvpilot_common.cli",
@@ -464,12 +394,12 @@ def test_bench_runs_with_only_its_extra_installed(tmp_path, tiny_dir):
     assert result.returncode == 0, result.stderr
     totals = json.loads(report.read_text())["runs"][0]["totals"]
     assert totals["sent"] > 0 and totals["ok"] > 0
-    tried = {m.partition(".")[0] for m in _hidden(tmp_path)}
+    tried = {m.partition(".")[0] for m in hidden_imports(tmp_path)}
     assert not {"torch", "transformers", "starlette"} & tried, tried
 
 
 def test_operator_without_its_extra_names_it_in_one_line(tmp_path):
-    result = _python(_hiding_env(tmp_path, hide={"kopf"}), "-m", "kvpilot_common.cli", "operator")
+    result = run_python(hiding_env(tmp_path, hide={"kopf"}), "-m", "kvpilot_common.cli", "operator")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         "kvpilot operator: kopf not installed; "
@@ -481,9 +411,9 @@ def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch, kube
     """Every operator module imports, `kvpilot operator --help` works, and the operator brings
     the bundled-model sample to Ready on the real control plane, in a Python that can import only
     the standard library and what kvpilot[operator] installs: no torch, no transformers."""
-    env = _hiding_env(tmp_path, allow_only=_importable("operator"))
+    env = hiding_env(tmp_path, allow_only=_importable("operator"))
     _every_module_imports_light(env, "kvpilot_operator", SIDES["kvpilot_operator"])
-    result = _python(env, "-m", "kvpilot_common.cli", "operator", "--help")
+    result = run_python(env, "-m", "kvpilot_common.cli", "operator", "--help")
     assert result.returncode == 0 and "--namespace" in result.stdout, result.stderr
 
     for name in ("PYTHONPATH", "KVPILOT_TEST_ALLOW_ONLY", "KVPILOT_TEST_HIDDEN_LOG"):
@@ -509,13 +439,13 @@ def test_operator_runs_with_only_its_extra_installed(tmp_path, monkeypatch, kube
         node.stop()
         cluster.stop_operator()
         print(log.read_text()[-3000:])  # shown by pytest when the test fails
-    tried = {m.partition(".")[0] for m in _hidden(tmp_path)}
+    tried = {m.partition(".")[0] for m in hidden_imports(tmp_path)}
     assert not {"torch", "transformers"} & tried, tried
 
 
 def test_gateway_without_its_extra_names_it_in_one_line(tmp_path):
-    env = _hiding_env(tmp_path, hide={"lightkube"})
-    result = _python(env, "-m", "kvpilot_common.cli", "gateway")
+    env = hiding_env(tmp_path, hide={"lightkube"})
+    result = run_python(env, "-m", "kvpilot_common.cli", "gateway")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         "kvpilot gateway: lightkube not installed; "
@@ -528,9 +458,9 @@ def test_gateway_runs_with_only_its_extra_installed(tmp_path, kube, kube_namespa
     chart's ServiceAccount for it, syncs its watches on the real control plane and lists a
     ModelDeployment created there, in a Python that can import only the standard library and
     what kvpilot[gateway] installs: no torch, no transformers."""
-    env = _hiding_env(tmp_path, allow_only=_importable("gateway"))
+    env = hiding_env(tmp_path, allow_only=_importable("gateway"))
     _every_module_imports_light(env, "kvpilot_gateway", SIDES["kvpilot_gateway"])
-    result = _python(env, "-m", "kvpilot_common.cli", "gateway", "--help")
+    result = run_python(env, "-m", "kvpilot_common.cli", "gateway", "--help")
     assert result.returncode == 0 and "--routing" in result.stdout, result.stderr
 
     assert kube.gateway_kubeconfig is not None, "the session's release has no gateway"
@@ -564,7 +494,7 @@ def test_gateway_runs_with_only_its_extra_installed(tmp_path, kube, kube_namespa
         terminate(gateway, grace=20)
         print(log.read_text()[-3000:])  # shown by pytest when the test fails
     assert gateway.returncode == 0, "the gateway did not drain and exit cleanly"
-    tried = {m.partition(".")[0] for m in _hidden(tmp_path)}
+    tried = {m.partition(".")[0] for m in hidden_imports(tmp_path)}
     assert not {"torch", "transformers"} & tried, tried
 
 

@@ -16,7 +16,7 @@ from kvpilot_operator import crd
 from kvpilot_operator.engine_flags import engine_args
 from kvpilot_operator.spec import Spec
 from kvpilot_server.engine_args import add_engine_args, engine_config
-from tests.test_packaging import _hidden, _hiding_env, _python
+from kvpilot_testing.hiding import hidden_imports, hiding_env, run_python
 
 ROOT = Path(__file__).parents[1]
 # spec.engine field -> (the rules it is spelt from, the engine's default, the EngineConfig field)
@@ -98,7 +98,7 @@ def test_every_crd_value_reaches_the_engine_as_a_value_it_accepts(gpus):
 def test_the_rules_load_without_torch(tmp_path):
     """The module, and what imports it on the light side (memory model, plan, the operator's fit
     check and flags), in a Python where torch and transformers are not installed."""
-    env = _hiding_env(tmp_path, hide={"torch", "transformers"})
+    env = hiding_env(tmp_path, hide={"torch", "transformers"})
     check = textwrap.dedent(
         """
         import sys
@@ -108,9 +108,9 @@ def test_the_rules_load_without_torch(tmp_path):
         assert not heavy, heavy
         """
     )
-    result = _python(env, "-c", check)
+    result = run_python(env, "-c", check)
     assert result.returncode == 0, result.stderr
-    assert not {m.partition(".")[0] for m in _hidden(tmp_path)} & {"torch", "transformers"}
+    assert not {m.partition(".")[0] for m in hidden_imports(tmp_path)} & {"torch", "transformers"}
 
 
 def test_fp8_needs_ada_or_newer():

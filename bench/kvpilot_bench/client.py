@@ -61,8 +61,11 @@ def body(job: Job, model: str) -> dict:
     out: dict = {"model": model, "max_tokens": job.max_tokens, "temperature": cls.temperature}
     if cls.api == "chat":
         out["messages"] = prompt.messages or [{"role": "user", "content": prompt.text}]
+    elif prompt.text:
+        out["prompt"] = prompt.text
     else:
-        out["prompt"] = prompt.text or "\n\n".join(str(m.get("content")) for m in prompt.messages)
+        assert prompt.messages is not None  # a Prompt has its text or its messages
+        out["prompt"] = "\n\n".join(str(m.get("content")) for m in prompt.messages)
     if cls.stream:
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}

@@ -132,7 +132,9 @@ async def _main(args: argparse.Namespace) -> int:
         )
         source = prompts.read_jsonl(path) if path else await prompts.Corpus.load(counter)
 
-    async def run_at(endpoint: Endpoint, wl: Workload, label: str = "") -> tuple:
+    async def run_at(
+        endpoint: Endpoint, wl: Workload, label: str = ""
+    ) -> tuple[runner.RunResult, dict]:
         jobs = prompts.jobs(plan.build(wl), source, counter)
         result = await runner.run(endpoint, wl, jobs, options, counter.name, label)
         return result, report.run_report(result, slo)
@@ -148,7 +150,7 @@ async def _main(args: argparse.Namespace) -> int:
             goodput_target=args.goodput_target,
         )
 
-        async def step(rate: float) -> tuple:
+        async def step(rate: float) -> tuple[runner.RunResult, dict]:
             wl = workload.with_rate(rate).with_limits(duration_s=options_s.step_duration_s)
             result, rep = await run_at(first, wl, f"{rate:g} req/s")
             print(f"rate {rate:g} req/s: {report.one_line(rep)}", file=sys.stderr)

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 
 from kvpilot_bench.runner import RunResult
 
@@ -18,7 +19,7 @@ _STYLES = ("-", "--", ":", "-.")
 _DPI = 80
 
 
-def _cdf(ax, seconds: list[float], color: str, style: str, label: str) -> None:
+def _cdf(ax: Axes, seconds: list[float], color: str, style: str, label: str) -> None:
     if not seconds:
         return
     values = np.sort(np.asarray(seconds)) * 1000.0
@@ -32,7 +33,7 @@ def _cdf(ax, seconds: list[float], color: str, style: str, label: str) -> None:
     )
 
 
-def _span(ax) -> tuple[float, float]:
+def _span(ax: Axes) -> tuple[float, float]:
     xs = [x for line in ax.lines for x in np.atleast_1d(line.get_xdata()) if np.isfinite(x)]
     return (min(xs), max(xs)) if xs else (0.0, 0.0)
 

@@ -5,6 +5,7 @@ import json
 from functools import cache
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import numpy as np
@@ -94,7 +95,12 @@ def document(mode: str, runs: list[dict], sweep: dict | None = None) -> dict:
         version = metadata.version("kvpilot")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    doc = {"schema": SCHEMA_ID, "kvpilot_version": version, "mode": mode, "runs": runs}
+    doc: dict[str, Any] = {
+        "schema": SCHEMA_ID,
+        "kvpilot_version": version,
+        "mode": mode,
+        "runs": runs,
+    }
     doc["sweep"] = sweep
     return doc
 
@@ -137,7 +143,8 @@ def table(report: dict) -> str:
         if value is not None
     )
     lines = [head, f"goodput: requests completing with {slo_text or 'no error (no SLO given)'}"]
-    rows = [("class", "sent", "ok", "cancelled", "req/s", "out tok/s", "goodput", "errors")]
+    head_row = ("class", "sent", "ok", "cancelled", "req/s", "out tok/s", "goodput", "errors")
+    rows: list[tuple[str, ...]] = [head_row]
     for name, s in [*report["classes"].items(), ("all", report["totals"])]:
         rows.append(
             (

@@ -11,6 +11,7 @@ closes what is in flight (outcome `interrupted`) and returns what was measured.
 import asyncio
 import contextlib
 import datetime
+import functools
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -112,7 +113,7 @@ async def run(
             sent.append(rec)
             task = asyncio.create_task(send(http, endpoint, job, rec, timeout))
             tasks.add(task)
-            task.add_done_callback(lambda t, r=rec: finished(t, r))
+            task.add_done_callback(functools.partial(finished, rec=rec))
         if tasks and not stop.is_set():
             # Every request ends by its own deadline; this bound is only a backstop.
             waiter = asyncio.ensure_future(asyncio.wait(set(tasks), timeout=timeout + 5.0))

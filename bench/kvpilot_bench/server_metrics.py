@@ -81,8 +81,8 @@ class Scraper:
         return {
             "scrapes": self.scrapes,
             "queue_per_replica": None if ttft is None else ttft.queue_per_replica,
-            "p95_ttft_ms": _ms(ttft and ttft.p95_seconds),
-            "p95_e2e_ms": _ms(e2e and e2e.p95_seconds),
+            "p95_ttft_ms": _ms(None if ttft is None else ttft.p95_seconds),
+            "p95_e2e_ms": _ms(None if e2e is None else e2e.p95_seconds),
             "outcomes": {k: v for k, v in delta.items() if v},
         }
 

@@ -88,6 +88,7 @@ def summarize(records: list[Record], duration_s: float, slo: Slo) -> dict:
     outcomes = Counter(r.outcome for r in records)
     errors = dict.fromkeys(ERROR_KINDS, 0)
     for outcome, n in outcomes.items():
+        assert outcome is not None  # the runner marks what the stop closed "interrupted"
         k = kind(outcome)
         if k is not None:
             errors[k] += n
@@ -103,7 +104,7 @@ def summarize(records: list[Record], duration_s: float, slo: Slo) -> dict:
         "planned_cancellations": sum(r.planned_cancel for r in records),
         "outcomes": dict(sorted(outcomes.items())),
         "errors": errors,
-        "ttft_ms": percentiles(r.ttft for r in streamed),
+        "ttft_ms": percentiles(r.ttft for r in streamed if r.ttft is not None),
         "itl_ms": percentiles(gap for r in streamed for gap in r.itl),
         "e2e_ms": percentiles(r.e2e for r in ok if r.e2e is not None),
         "requests_per_s": per_s(len(ok)),

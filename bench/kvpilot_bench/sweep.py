@@ -9,9 +9,17 @@ answer. Every step is a full run of the workload's classes under Poisson arrival
 """
 
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvpilot_bench.stats import Slo
+
+if TYPE_CHECKING:  # for the annotations only: a sweep's arithmetic needs none of the runner's
+    from kvpilot_bench.runner import RunResult
+
+# One step: the run at a rate and its report.
+RunAt = Callable[[float], Awaitable[tuple["RunResult", dict]]]
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,8 @@ def verdict(report: dict, target: float) -> tuple[bool, str]:
 
 
 def first_rates(options: SweepOptions) -> list[float]:
-    rates, rate = [], options.start
+    rates: list[float] = []
+    rate = options.start
     while len(rates) < options.max_steps and rate <= options.max_rate * (1 + 1e-9):
         rates.append(round(rate, 4))
         rate *= options.factor
@@ -102,13 +111,13 @@ def autoscaling_yaml(recommendation: dict) -> str:
 @dataclass
 class Step:
     rate: float
-    result: object  # runner.RunResult
+    result: "RunResult"
     report: dict
     passed: bool
     why: str
 
 
-async def sweep(run_at, options: SweepOptions, slo: Slo) -> tuple[list[Step], dict]:
+async def sweep(run_at: RunAt, options: SweepOptions, slo: Slo) -> tuple[list[Step], dict]:
     """Run steps through `run_at(rate) -> (RunResult, report)`; the steps and the report's
     sweep section. At most max_steps + refine runs."""
     steps: list[Step] = []
@@ -127,8 +136,9 @@ async def sweep(run_at, options: SweepOptions, slo: Slo) -> tuple[list[Step], di
             failed = rate
             break
         best = s
-    for _ in range(options.refine if failed is not None else 0):
-        if steps[-1].report["interrupted"]:
+    for _ in range(options.refine):
+        # Nothing to refine until a step failed.
+        if failed is None or steps[-1].report["interrupted"]:
             break
         s = await step(between(best.rate if best else None, failed))
         if s.passed:

@@ -30,7 +30,8 @@ class Sample:
 
 def parse(text: str, time: float, latency_metric: str) -> Sample:
     """One scrape of a kvpilot server's /metrics."""
-    histogram, waiting, buckets = LATENCY_METRICS[latency_metric], 0.0, {}
+    histogram, waiting = LATENCY_METRICS[latency_metric], 0.0
+    buckets: dict[float, float] = {}  # le -> cumulative count, summed over the pod's labels
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if (

@@ -27,7 +27,7 @@ from kvpilot_common.http.errors import error_response, from_exception
 from kvpilot_gateway import headers, target
 from kvpilot_gateway.balance import Balancer
 from kvpilot_gateway.budget import BodyBudget, Lease
-from kvpilot_gateway.catalog import Catalog, Model
+from kvpilot_gateway.catalog import Catalog, Key, Model
 from kvpilot_gateway.holding import Holds, StartingError
 from kvpilot_gateway.load import Loads
 from kvpilot_gateway.metrics import GatewayMetrics
@@ -47,7 +47,12 @@ CLIENT_CLOSED = 499  # nginx's code for a client that left; only metrics and log
 class State:
     """Everything the routes share; main.py builds it and runs its background parts."""
 
-    def __init__(self, settings: Settings, client: aiohttp.ClientSession | None, announce) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        client: aiohttp.ClientSession | None,
+        announce: Callable[[Key, int], None],
+    ) -> None:
         self.settings, self.client = settings, client
         self.catalog = Catalog(settings.names)
         self.bodies = BodyBudget(settings.max_held_bytes)

@@ -18,7 +18,7 @@ import aiohttp
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from kvpilot_common.http.errors import error_response
+from kvpilot_common.http.errors import error_body
 from kvpilot_gateway.headers import end_to_end
 
 T = TypeVar("T")
@@ -46,7 +46,7 @@ async def unless_disconnected(work: Awaitable[T], receive: Receive) -> T:
 
 
 def error_event(message: str, status: int = 502) -> bytes:
-    body = json.loads(error_response(status, message).body)
+    body = error_body(status, message)
     return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightkube import ALL_NS, AsyncClient
+from lightkube.core.client import LabelSelector
 from lightkube.resources.core_v1 import Pod
 
 from kvpilot_common.kube import ModelDeploymentResource
@@ -71,14 +72,14 @@ class Watches:
                 self.catalog.set_pod(obj)
 
         # Only the model servers' pods, not every pod in the cluster.
-        labels = {MANAGED_BY[0]: MANAGED_BY[1]}
+        labels: LabelSelector = {MANAGED_BY[0]: MANAGED_BY[1]}
         await self._follow(Pod, namespace, labels, replace, event)
 
     async def _follow(
         self,
         resource: Any,
         namespace: str,
-        labels: dict[str, str] | None,
+        labels: LabelSelector | None,
         replace: Callable[[list[dict]], None],
         event: Callable[[str, dict], None],
     ) -> None:

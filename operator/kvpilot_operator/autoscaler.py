@@ -24,7 +24,7 @@ from kvpilot_common.kube import ModelDeploymentResource
 from kvpilot_common.naming import PORT
 from kvpilot_common.observe import Window, observe, parse
 from kvpilot_operator import children, crd, metrics
-from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster
+from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster, namespaced
 from kvpilot_operator.decide import HELD, Decision, Inputs, decide, queue_depth
 from kvpilot_operator.spec import Spec
 from kvpilot_operator.status import timestamp
@@ -55,15 +55,19 @@ def _enabled(spec: kopf.Spec, **_: Any) -> bool:
     return bool((spec.get("autoscaling") or {}).get("enabled"))
 
 
-@kopf.daemon(*RESOURCE, when=_enabled, cancellation_timeout=5.0, backoff=RETRY_SECONDS)
+# As handlers.keep_status: kopf's DaemonFn cannot declare the index passed by name.
+@kopf.daemon(  # type: ignore[arg-type]
+    *RESOURCE, when=_enabled, cancellation_timeout=5.0, backoff=RETRY_SECONDS
+)
 async def autoscale(
     body: kopf.Body,
     stopped: kopf.DaemonStopped,
     name: str,
-    namespace: str,
+    namespace: str | None,
     owned_pods: kopf.Index,
     **_: Any,
 ) -> None:
+    namespace = namespaced(namespace)
     window: Window | None = None
     try:
         async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:

@@ -36,13 +36,13 @@ def _plain(body: kopf.Body) -> dict[str, Any]:
 
 
 @kopf.index(*DEPLOYMENTS, labels={MANAGED_BY[0]: MANAGED_BY[1]})
-def owned_deployments(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+def owned_deployments(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
     key = _key(namespace, labels)
     return {key: _plain(body)} if key else None
 
 
 @kopf.index(*PODS, labels={MANAGED_BY[0]: MANAGED_BY[1]})
-def owned_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+def owned_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
     key = _key(namespace, labels)
     return {key: _plain(body)} if key else None
 
@@ -63,13 +63,13 @@ def _wake(namespace: str | None, name: str | None) -> None:
 
 @kopf.on.event(*DEPLOYMENTS, labels={MANAGED_BY[0]: MANAGED_BY[1]})
 @kopf.on.event(*PODS, labels={MANAGED_BY[0]: MANAGED_BY[1]})
-def child_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:
+def child_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
     """Runs after kopf updated the indexes with the same event."""
     _wake(namespace, labels.get(INSTANCE_LABEL))
 
 
 @kopf.on.event(*RESOURCE)
-def model_deployment_changed(namespace: str, name: str, **_: Any) -> None:
+def model_deployment_changed(namespace: str | None, name: str, **_: Any) -> None:
     """A new spec, or status.autoscaling (ScalingLimited derives from it)."""
     _wake(namespace, name)
 

@@ -23,6 +23,13 @@ RETRY_SECONDS = 5  # after an API error; kopf's default of 60 s leaves status st
 _cluster: "Cluster | None" = None
 
 
+def namespaced(namespace: str | None) -> str:
+    """A ModelDeployment handler's namespace: kopf types it optional (cluster-scoped resources
+    have none), and a ModelDeployment is namespaced, so kopf always passes one."""
+    assert namespace is not None, "a ModelDeployment is namespaced"
+    return namespace
+
+
 def cluster() -> "Cluster":
     """The one client of the process (lightkube's connection pool is shared)."""
     global _cluster

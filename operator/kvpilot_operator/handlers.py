@@ -21,7 +21,7 @@ import kopf
 from lightkube import ApiError
 
 from kvpilot_operator import children, crd, metrics, rejection
-from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster
+from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster, namespaced
 from kvpilot_operator.fit import check
 from kvpilot_operator.render import Plan, render
 from kvpilot_operator.spec import Spec
@@ -56,7 +56,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.resume(*RESOURCE, backoff=RETRY_SECONDS)
 @kopf.on.create(*RESOURCE, backoff=RETRY_SECONDS)
 @kopf.on.update(*RESOURCE, field="spec", backoff=RETRY_SECONDS)
-def reconcile(body: kopf.Body, patch: kopf.Patch, name: str, namespace: str, **_: Any) -> None:
+def reconcile(
+    body: kopf.Body, patch: kopf.Patch, name: str, namespace: str | None, **_: Any
+) -> None:
     with metrics.reconcile_seconds.labels(namespace, name).time():
         try:
             _reconcile(body, patch)
@@ -110,16 +112,20 @@ def _forget_rejection(meta: dict, patch: kopf.Patch) -> None:
         patch.metadata.annotations[rejection.ANNOTATION] = None  # merge patch: remove it
 
 
-@kopf.daemon(*RESOURCE, cancellation_timeout=5.0, backoff=RETRY_SECONDS)
+# kopf passes its indexes (owned_pods, ...) as keyword arguments named after them, which its
+# DaemonFn protocol cannot declare (kopf's own TODO: ParamSpec), so mypy sees a required keyword
+# the protocol lacks.
+@kopf.daemon(*RESOURCE, cancellation_timeout=5.0, backoff=RETRY_SECONDS)  # type: ignore[arg-type]
 async def keep_status(
     body: kopf.Body,
     stopped: kopf.DaemonStopped,
     name: str,
-    namespace: str,
+    namespace: str | None,
     owned_deployments: kopf.Index,
     owned_pods: kopf.Index,
     **_: Any,
 ) -> None:
+    namespace = namespaced(namespace)
     wake = children.waker(namespace, name)
     written: dict = {}  # what this daemon last wrote: fresher than `body` until its event comes
     try:
@@ -139,10 +145,10 @@ async def keep_status(
 
 
 @kopf.on.delete(*RESOURCE, optional=True)
-def forget(name: str, namespace: str, **_: Any) -> None:
+def forget(name: str, namespace: str | None, **_: Any) -> None:
     """A deleted ModelDeployment's gauges go with it (optional: the daemons' finalizer already
     holds the deletion until this ran)."""
-    metrics.forget(namespace, name)
+    metrics.forget(namespaced(namespace), name)
 
 
 def report(body: kopf.Body, deployment: dict | None, pods: list[dict], written: dict) -> dict:

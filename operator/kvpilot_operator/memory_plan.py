@@ -28,7 +28,9 @@ def device_memory_bytes(spec: Spec) -> int | None:
     the pod's memory limit on CPU. None: a GPU whose memory is not known."""
     resources = spec.resources
     if not resources.gpus:
-        return int(parse_quantity(resources.memory))
+        quantity = parse_quantity(resources.memory)
+        assert quantity is not None  # None only for a None input; memory is always set
+        return int(quantity)
     mib = resources.gpu_memory_mib or GPU_MEMORY_MIB.get(resources.gpu_type or "")
     return mib * MiB if mib else None
 

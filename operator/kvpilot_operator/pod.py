@@ -119,7 +119,10 @@ def download_container(spec: Spec, image: str) -> Object:
     command = ["timeout", str(model.download_timeout_seconds), "hf", "download", repo]
     # --flag=value, as for the server: a revision is the user's and must not be read as a flag.
     command += [f"--revision={model.revision}", f"--local-dir={model_path(model.source)}"]
-    env = [{"name": "HF_HOME", "value": f"{CACHE_DIR}/hf"}, {"name": "HOME", "value": "/tmp"}]
+    env: list[Object] = [
+        {"name": "HF_HOME", "value": f"{CACHE_DIR}/hf"},
+        {"name": "HOME", "value": "/tmp"},
+    ]
     if model.token_secret_ref:
         ref = model.token_secret_ref
         secret = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
@@ -138,7 +141,7 @@ def download_container(spec: Spec, image: str) -> Object:
 
 def volumes(spec: Spec) -> list[Object]:
     shm = {"medium": "Memory", "sizeLimit": f"{spec.resources.shm_mib}Mi"}
-    found = [
+    found: list[Object] = [
         {"name": "shm", "emptyDir": shm},
         {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
         {"name": "model-cache", "emptyDir": {"sizeLimit": f"{model_cache_gib(spec)}Gi"}},
@@ -156,7 +159,7 @@ def volumes(spec: Spec) -> list[Object]:
 
 
 def mounts(spec: Spec) -> list[Object]:
-    found = [
+    found: list[Object] = [
         {"name": "shm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "model-cache", "mountPath": CACHE_DIR},

@@ -207,9 +207,10 @@ def status(
     desired = spec.desired_replicas
     observed = (deployment or {}).get("status", {})
     ready = observed.get("readyReplicas", 0) if deployment else 0
-    rolled = bool(deployment) and observed.get("updatedReplicas", 0) >= desired
-    rolled = rolled and observed.get("observedGeneration", 0) >= deployment["metadata"].get(
-        "generation", 0
+    rolled = bool(
+        deployment
+        and observed.get("updatedReplicas", 0) >= desired
+        and observed.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
     )
     rejected = rejection.read(meta.get("annotations"))
     found = conditions(desired, ready, fit, pods, rolled, rejected)

@@ -11,7 +11,7 @@ import yaml
 
 from kvpilot_bench.workload import parse, presets
 from kvpilot_common.cli import build_parser
-from tests.operator.crd_rules import errors
+from kvpilot_testing.crd_rules import errors
 
 ROOT = Path(__file__).parents[2]
 BENCH_MD = ROOT / "docs" / "bench.md"

@@ -25,7 +25,7 @@ from kvpilot_testing.helm import (
     render,
 )
 from kvpilot_testing.paths import CHART
-from tests.chart.test_chart_rbac import CLUSTER, ELSEWHERE, Grant, _allows, _grants
+from tests.chart.rbac import CLUSTER, ELSEWHERE, Grant, allows, granted
 
 SCOPES = {
     "release": ({"watch": {"scope": "Release"}}, [NAMESPACE]),
@@ -169,13 +169,13 @@ def _needed(namespaces: list[str]) -> set[Grant]:
 def test_rbac_grants_exactly_the_declared_permissions_where_it_watches(scope):
     values, namespaces = SCOPES[scope]
     found = objects(render(values))
-    grants = _grants(found, "gateway")
+    grants = granted(found, "gateway")
     assert grants == _needed(namespaces)  # no wildcard, nothing undeclared, nothing missing
     roles = of_kind(component(found, "gateway"), "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)
     for p in permissions.GATEWAY:
         if namespaces:
-            assert not _allows(grants, Grant(p.api_group, p.resource, p.verbs[0], ELSEWHERE))
+            assert not allows(grants, Grant(p.api_group, p.resource, p.verbs[0], ELSEWHERE))
 
 
 def test_pod_disruption_budget_above_one_replica():

@@ -4,56 +4,17 @@ needs it, and nothing else anywhere (no wildcard, nothing in unwatched namespace
 cluster-wide but the cluster-scoped reads when watching named namespaces), with one operator
 replica and with several (kopf's peering object)."""
 
-from dataclasses import dataclass
-
 import pytest
 
 from kvpilot_operator import permissions
 from kvpilot_testing.helm import NAMESPACE, component, objects, of_kind, one, render
+from tests.chart.rbac import CLUSTER, ELSEWHERE, Grant, allows, granted
 
-CLUSTER = None  # the scope of a cluster-scoped request, or of a request in every namespace
-ELSEWHERE = "somebody-else"  # a namespace the operator does not watch
 SCOPES = {
     "release": ({"watch": {"scope": "Release"}}, [NAMESPACE]),
     "namespaces": ({"watch": {"scope": "Namespaces", "namespaces": ["a", "b"]}}, ["a", "b"]),
     "all": ({"watch": {"scope": "All"}}, []),
 }
-
-
-@dataclass(frozen=True)
-class Grant:
-    api_group: str
-    resource: str
-    verb: str
-    namespace: str | None  # None: cluster-wide (cluster-scoped objects, or every namespace)
-
-
-def _grants(found: list[dict], part: str = "operator") -> set[Grant]:
-    """What the bindings give the ServiceAccount of the operator's (or the gateway's) pod.
-    Wildcards are kept as "*" (and would fail the exactness checks)."""
-    deployment = one(component(found, part), "Deployment")
-    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    release_namespace = deployment["metadata"]["namespace"]
-    roles = {
-        (r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"]): r["rules"]
-        for r in of_kind(found, "Role") + of_kind(found, "ClusterRole")
-    }
-    grants = set()
-    for binding in of_kind(found, "RoleBinding") + of_kind(found, "ClusterRoleBinding"):
-        subject = {"kind": "ServiceAccount", "name": account, "namespace": release_namespace}
-        if subject not in binding["subjects"]:
-            continue
-        where = binding["metadata"].get("namespace")  # None for a ClusterRoleBinding
-        ref = binding["roleRef"]
-        assert ref["apiGroup"] == "rbac.authorization.k8s.io"
-        rules = roles[(ref["kind"], where if ref["kind"] == "Role" else None, ref["name"])]
-        for rule in rules:
-            assert not rule.get("resourceNames") and not rule.get("nonResourceURLs")
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    for verb in rule["verbs"]:
-                        grants.add(Grant(group, resource, verb, where))
-    return grants
 
 
 def _needed(namespaces: list[str], peering: bool = False) -> set[Grant]:
@@ -73,19 +34,6 @@ def _needed(namespaces: list[str], peering: bool = False) -> set[Grant]:
     return needed
 
 
-def _allows(grants: set[Grant], want: Grant) -> bool:
-    for g in grants:
-        if g.namespace not in (CLUSTER, want.namespace):
-            continue
-        if (
-            g.api_group in ("*", want.api_group)
-            and g.verb in ("*", want.verb)
-            and g.resource in ("*", want.resource)
-        ):
-            return True
-    return False
-
-
 # One operator replica (standalone), or two (kopf's peering object too).
 REPLICAS = pytest.mark.parametrize("replicas", [1, 2])
 
@@ -94,9 +42,9 @@ REPLICAS = pytest.mark.parametrize("replicas", [1, 2])
 @pytest.mark.parametrize("scope", SCOPES)
 def test_rbac_allows_every_declared_permission_where_it_is_needed(scope, replicas):
     values, namespaces = SCOPES[scope]
-    grants = _grants(objects(render({**values, "operator": {"replicas": replicas}})))
+    grants = granted(objects(render({**values, "operator": {"replicas": replicas}})))
     needed = _needed(namespaces, peering=replicas > 1)
-    missing = [want for want in sorted(needed, key=str) if not _allows(grants, want)]
+    missing = [want for want in sorted(needed, key=str) if not allows(grants, want)]
     assert missing == []
 
 
@@ -104,20 +52,20 @@ def test_rbac_allows_every_declared_permission_where_it_is_needed(scope, replica
 @pytest.mark.parametrize("scope", SCOPES)
 def test_rbac_allows_nothing_more(scope, replicas):
     values, namespaces = SCOPES[scope]
-    grants = _grants(objects(render({**values, "operator": {"replicas": replicas}})))
+    grants = granted(objects(render({**values, "operator": {"replicas": replicas}})))
     # So no wildcard, nothing undeclared, and no peering object with one replica.
     assert grants == _needed(namespaces, peering=replicas > 1)
     if namespaces:
         for p in permissions.NAMESPACED + permissions.PEERING:
             for verb in p.verbs:
                 want = Grant(p.api_group, p.resource, verb, ELSEWHERE)
-                assert not _allows(grants, want), want
+                assert not allows(grants, want), want
 
 
 def test_watching_named_namespaces_grants_only_cluster_scoped_reads_cluster_wide():
     for scope in ("release", "namespaces"):
         found = objects(render(SCOPES[scope][0]))
-        cluster_wide = {g for g in _grants(found) if g.namespace is CLUSTER}
+        cluster_wide = {g for g in granted(found) if g.namespace is CLUSTER}
         assert {(g.resource, g.verb) for g in cluster_wide} == {
             ("customresourcedefinitions", "list"),
             ("customresourcedefinitions", "watch"),

@@ -1,11 +1,15 @@
-"""What the gateway's live tests share: a ModelDeployment spec, and the running parts."""
+"""What the gateway's live tests share: a ModelDeployment spec, a replica's counter, and the
+running parts."""
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from kvpilot_testing.kube.cluster import Cluster
 from kvpilot_testing.kube.gateway import Gateway
-from kvpilot_testing.kube.node import Node
+from kvpilot_testing.kube.node import PORT, Node
 
 
 def spec(replicas: int, autoscaling: bool = True, **scaling: object) -> dict:
@@ -26,6 +30,17 @@ def spec(replicas: int, autoscaling: bool = True, **scaling: object) -> dict:
             **scaling,
         }
     return body
+
+
+def pod_metric(address: str, name: str) -> float:
+    """A model server pod's metric `name` from its /metrics, summed over its labels."""
+    text = httpx.get(f"http://{address}:{PORT}/metrics", timeout=5).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    )
 
 
 class Live:

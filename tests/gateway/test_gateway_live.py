@@ -12,8 +12,7 @@ from openai import OpenAI
 
 from kvpilot_common import metric_names as names
 from kvpilot_testing.kube.cluster import MD, wait_for
-from tests.gateway.live import spec
-from tests.gateway.test_routing_live import _pod_metric
+from tests.gateway.live import pod_metric, spec
 
 LONG = {"prompt": "The river", "max_tokens": 240, "ignore_eos": True, "temperature": 0}
 
@@ -64,7 +63,7 @@ def test_keys_are_checked_and_a_qualified_name_reaches_the_replica(live):
 def test_a_client_that_leaves_aborts_the_upstream_request(live):
     gateway = _one_replica(live)
     (address,) = live.node.addresses()
-    before = _pod_metric(address, names.REQUESTS)
+    before = pod_metric(address, names.REQUESTS)
     with httpx.stream(
         "POST", f"{gateway.url}/v1/completions", json={**LONG, "model": "chat", "stream": True}
     ) as answer:
@@ -74,11 +73,11 @@ def test_a_client_that_leaves_aborts_the_upstream_request(live):
 
     def aborted() -> bool:
         text = httpx.get(f"http://{address}:8000/metrics").text
-        return 'outcome="abort"' in text and _pod_metric(address, names.REQUESTS_RUNNING) == 0
+        return 'outcome="abort"' in text and pod_metric(address, names.REQUESTS_RUNNING) == 0
 
     wait_for("the replica to abort the request", aborted, timeout=10, interval=0.05)
     print(json.dumps({"abort_seen_after_s": round(time.monotonic() - start, 3)}))
-    assert _pod_metric(address, names.REQUESTS) == before + 1
+    assert pod_metric(address, names.REQUESTS) == before + 1
     wait_for(
         "the gateway to count the client as gone",
         lambda: gateway.metric(names.GATEWAY_REQUESTS, outcome="client_closed") == 1,

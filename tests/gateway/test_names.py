@@ -7,7 +7,7 @@ import pytest
 from kvpilot_common.errors import ModelNotFoundError
 from kvpilot_gateway.catalog import Catalog
 from kvpilot_gateway.names import Policy, parse_reservations
-from tests.gateway.test_catalog import md
+from tests.gateway.objects import md
 
 EARLY, LATE = "2026-11-01T00:00:00Z", "2026-11-20T00:00:00Z"
 

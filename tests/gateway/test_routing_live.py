@@ -13,26 +13,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot_common import metric_names as names
 from kvpilot_gateway.balance import Balancer, prefix_key
 from kvpilot_testing.corpus import CORPUS
 from kvpilot_testing.kube.cluster import MD, wait_for
 from kvpilot_testing.kube.node import PORT
-from tests.gateway.live import spec
+from tests.gateway.live import pod_metric, spec
 
 WORDS = CORPUS.split()
-
-
-def _pod_metric(address: str, name: str) -> float:
-    text = httpx.get(f"http://{address}:{PORT}/metrics", timeout=5).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name
-    )
 
 
 def _both_ready(gateway, model: str = "chat") -> None:
@@ -73,8 +62,8 @@ def _conversations(url: str, seeds: list[int], turns: int) -> None:
 
 def _hit_ratio(addresses: list[str], run) -> float:
     def counts() -> tuple[float, float]:
-        hits = sum(_pod_metric(a, names.PREFIX_CACHE_HITS) for a in addresses)
-        queries = sum(_pod_metric(a, names.PREFIX_CACHE_QUERIES) for a in addresses)
+        hits = sum(pod_metric(a, names.PREFIX_CACHE_HITS) for a in addresses)
+        queries = sum(pod_metric(a, names.PREFIX_CACHE_QUERIES) for a in addresses)
         return hits, queries
 
     hits, queries = counts()
@@ -111,7 +100,7 @@ def test_a_replica_that_falls_behind_stops_taking_its_conversations(live):
             prompts.append(prompt)
         if len(prompts) == 32:
             break
-    served = {a: _pod_metric(a, names.REQUESTS) for a in (slow, fast)}
+    served = {a: pod_metric(a, names.REQUESTS) for a in (slow, fast)}
     body = {"model": "chat", "max_tokens": 64, "ignore_eos": True, "temperature": 0}
     deadline = time.monotonic() + 120
 
@@ -128,7 +117,7 @@ def test_a_replica_that_falls_behind_stops_taking_its_conversations(live):
 
     with ThreadPoolExecutor(8) as pool:
         sent = sum(pool.map(user, range(8)))
-    by_replica = {a: _pod_metric(a, names.REQUESTS) - served[a] for a in (slow, fast)}
+    by_replica = {a: pod_metric(a, names.REQUESTS) - served[a] for a in (slow, fast)}
     overflow = gateway.metric(names.GATEWAY_ROUTING, reason="overflow")
     print(json.dumps({"sent": sent, "slow": by_replica[slow], "fast": by_replica[fast]}))
     assert sent == 32
@@ -164,7 +153,7 @@ def test_a_replica_killed_mid_stream_ends_the_stream_and_the_survivor_serves(liv
     assert len(lines) < 240  # cut short, not finished
 
     survivor = next(a for a in addresses if a != choice.endpoint).split(":")[0]
-    before = _pod_metric(survivor, names.REQUESTS)
+    before = pod_metric(survivor, names.REQUESTS)
     for i in range(4):
         again = httpx.post(
             f"{gateway.url}/v1/completions",
@@ -172,5 +161,5 @@ def test_a_replica_killed_mid_stream_ends_the_stream_and_the_survivor_serves(liv
             timeout=60,
         )
         assert again.status_code == 200, again.text
-    assert _pod_metric(survivor, names.REQUESTS) - before == 4
+    assert pod_metric(survivor, names.REQUESTS) - before == 4
     assert gateway.metric(names.GATEWAY_REQUESTS, outcome="upstream_error") == 1

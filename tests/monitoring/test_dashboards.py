@@ -12,17 +12,8 @@ import yaml
 from kvpilot_common import metric_names as names
 from scripts.generators import alerts, dashboards, monitoring
 from scripts.generators.paths import FILES, ROOT
+from tests.monitoring.metric_kinds import HISTOGRAMS, NAMES
 
-HISTOGRAMS = {
-    names.TIME_TO_FIRST_TOKEN,
-    names.INTER_TOKEN_LATENCY,
-    names.E2E_LATENCY,
-    names.QUEUE_TIME,
-    names.OPERATOR_RECONCILE_SECONDS,
-    names.GATEWAY_HOLD_SECONDS,
-    names.GATEWAY_UPSTREAM_SECONDS,
-}
-NAMES = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
 METRIC = re.compile(r"\bkvpilot_[a-z0-9_]+")
 
 

@@ -34,6 +34,7 @@ from kvpilot_testing.live_server import start_tiny_server, stop_server
 from scripts.generators.alerts import alert_groups
 from scripts.generators.dashboards import dashboards
 from scripts.generators.paths import FILES, ROOT
+from tests.monitoring.metric_kinds import HISTOGRAMS, NAMES
 from tests.monitoring.prometheus_server import Prometheus, PromQLError, finite
 
 NAMESPACE, MODEL, POD = "kvpilot-test", "tiny", "tiny-0"
@@ -236,8 +237,6 @@ def test_every_variable_lists_the_test_targets(prometheus):
 
 def test_counters_and_histograms_as_prometheus_types_them(prometheus):
     """The classification test_dashboards.py relies on agrees with the scraped TYPE lines."""
-    from tests.monitoring.test_dashboards import HISTOGRAMS, NAMES
-
     metadata = prometheus.api("metadata")
     kvpilot = {name: m[0]["type"] for name, m in metadata.items() if name.startswith("kvpilot_")}
     assert kvpilot, metadata.keys()

@@ -16,15 +16,15 @@ import yaml
 
 from kvpilot_operator import crd, render
 from kvpilot_operator.spec import Spec
+from kvpilot_testing.crd_rules import as_created, as_sent, errors
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, PDBS, SERVICES, create_namespace
-from tests.operator.crd_rules import as_created, as_sent, errors
-from tests.operator.test_crd import (
+from tests.operator.crd_cases import (
     ACCEPTED_CASES,
     FIELD_CASES,
     INVALID_CASES,
     SAMPLES,
     SOURCE_CASES,
-    _with,
+    amend,
 )
 
 NAMESPACE = "crd-verdicts"
@@ -40,9 +40,9 @@ def _cases() -> Iterator[object]:
     for name, (obj, _) in INVALID_CASES.items():
         yield pytest.param(obj, id=f"invalid-{name}")
     for i, (field, value, _) in enumerate(FIELD_CASES):
-        yield pytest.param(_with({field: value}), id=f"field{i}-{field}")
+        yield pytest.param(amend({field: value}), id=f"field{i}-{field}")
     for i, (value, _) in enumerate(SOURCE_CASES):
-        yield pytest.param(_with({"model.source": value}), id=f"source{i}")
+        yield pytest.param(amend({"model.source": value}), id=f"source{i}")
 
 
 CASES = list(_cases())
@@ -119,7 +119,7 @@ def test_an_integral_float_is_where_kubectl_and_a_json_client_differ(http):
         "float64, expected int64"
     ]
     scaled = {"autoscaling.enabled": True, "autoscaling.targetQueueDepth": 4}
-    obj = _with(scaled | {"autoscaling.minReplicas": 2.0})
+    obj = amend(scaled | {"autoscaling.minReplicas": 2.0})
     assert errors(obj) == []
     assert verdict(dry_run(http, MD, obj)) == [
         'spec: Invalid value: "object": invalid data, expected int, got float64 evaluating '

@@ -9,7 +9,7 @@ from kvpilot_common.cli import build_parser
 from kvpilot_operator import crd
 from kvpilot_operator.render import render
 from kvpilot_operator.spec import Spec
-from tests.operator.test_crd import ACCEPTED_CASES, FIELD_CASES, SAMPLES, _with
+from tests.operator.crd_cases import ACCEPTED_CASES, FIELD_CASES, SAMPLES, amend
 
 SPECS = {
     **{path.name: yaml.safe_load(path.read_text()) for path in SAMPLES},
@@ -20,7 +20,7 @@ SPECS = {
         for k, v in ACCEPTED_CASES.items()
         if k != "integral-float" and "name" in v["metadata"]
     },
-    **{f"{field}={value!r}"[:60]: _with({field: value}) for field, value, ok in FIELD_CASES if ok},
+    **{f"{field}={value!r}"[:60]: amend({field: value}) for field, value, ok in FIELD_CASES if ok},
 }
 
 

@@ -2,11 +2,11 @@
 
 import textwrap
 
-from tests.test_packaging import _hidden, _hiding_env, _python
+from kvpilot_testing.hiding import hidden_imports, hiding_env, run_python
 
 
 def test_outputs_load_without_torch(tmp_path):
-    env = _hiding_env(tmp_path, hide={"torch", "transformers"})
+    env = hiding_env(tmp_path, hide={"torch", "transformers"})
     check = textwrap.dedent(
         """
         import sys
@@ -19,6 +19,6 @@ def test_outputs_load_without_torch(tmp_path):
         assert not heavy, heavy
         """
     )
-    result = _python(env, "-c", check)
+    result = run_python(env, "-c", check)
     assert result.returncode == 0, result.stderr
-    assert not {m.partition(".")[0] for m in _hidden(tmp_path)} & {"torch", "transformers"}
+    assert not {m.partition(".")[0] for m in hidden_imports(tmp_path)} & {"torch", "transformers"}

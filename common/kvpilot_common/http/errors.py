@@ -1,6 +1,7 @@
 """Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}; never a traceback."""
 
 from http import HTTPStatus
+from typing import Any
 
 from starlette.responses import JSONResponse
 
@@ -27,10 +28,10 @@ _TYPES = {
 }
 
 
-def error_response(
-    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    body = {
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """The error as JSON data: the body of error_response(), and of an error event in a stream
+    that has already started."""
+    return {
         "error": {
             "message": message,
             "type": _TYPES.get(status, "server_error"),
@@ -38,7 +39,12 @@ def error_response(
             "code": HTTPStatus(status).phrase.lower().replace(" ", "_"),
         }
     }
-    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
 def from_exception(exc: Exception) -> JSONResponse:

@@ -4,9 +4,27 @@ that bounds the request line and headers, no text access log, and a drain on SIG
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # annotations only: uvicorn is imported when a listener starts, not before
+    import uvicorn
+    from starlette.types import ASGIApp
 
 
-def http_config(app, args: argparse.Namespace, **overrides):
+class Admission(Protocol):
+    """What the drain reads and sets: the server's admission and the gateway's State."""
+
+    draining: bool
+    in_flight: int
+
+
+# A DrainingServer's constructor: (uvicorn's config, the admission, the drain timeout in s).
+ServerFactory = Callable[["uvicorn.Config", Admission, float], "uvicorn.Server"]
+
+
+def http_config(app: "ASGIApp", args: argparse.Namespace, **overrides: Any) -> "uvicorn.Config":
     """uvicorn's settings for a kvpilot listener (the server's and the gateway's): the protocol
     that bounds the request line and headers in size and time (--header-timeout), and no text
     access log (kvpilot.access logs each request as JSON)."""
@@ -25,7 +43,7 @@ def http_config(app, args: argparse.Namespace, **overrides):
     )
 
 
-def draining_server():
+def draining_server() -> ServerFactory:
     """uvicorn's Server with a drain; `admission` is anything with `draining` and `in_flight`
     (the gateway drains the same way), and optionally `on_drain()`, called on the event loop
     when the drain starts (the gateway answers its held requests then)."""
@@ -37,13 +55,15 @@ def draining_server():
         timeout at the latest, whatever is still open (uvicorn alone would wait for every
         connection, however long a stream runs). A second signal exits at once."""
 
-        def __init__(self, config, admission, drain_timeout: float) -> None:
+        def __init__(
+            self, config: uvicorn.Config, admission: Admission, drain_timeout: float
+        ) -> None:
             # What is left after the drain is cut, not waited for.
             config.timeout_graceful_shutdown = EXIT_GRACE_SECONDS
             super().__init__(config)
             self.admission, self.drain_timeout = admission, drain_timeout
 
-        def handle_exit(self, sig, frame) -> None:
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if self.admission.draining:
                 super().handle_exit(sig, frame)
                 return

@@ -1,7 +1,8 @@
 """The API server's own words for each kind of validation error, so that the offline checker
-(crd_rules) says exactly what `kubectl apply` would print, and test_crd_apiserver can compare
-the two lists error by error. Each message is `<field>: <detail>`, as in the Status's message;
-the wording is apiextensions-apiserver's and kube-openapi's (Kubernetes v1.35, checked there)."""
+(crd_rules) says exactly what `kubectl apply` would print, and tests/operator/test_crd_apiserver.py
+can compare the two lists error by error. Each message is `<field>: <detail>`, as in the Status's
+message; the wording is apiextensions-apiserver's and kube-openapi's (Kubernetes v1.35, checked
+there)."""
 
 from collections.abc import Iterable
 from typing import Any

@@ -8,7 +8,8 @@ own words (crd_messages), step by step as kube-apiserver v1.35 takes them:
    the scale subresource's own check of spec.replicas, and then every x-kubernetes-validations
    CEL rule (cel-python, RE2 too) at the node it sits on, unless a blocking error came first.
 
-test_crd_apiserver sends the same objects to a real API server and compares the lists."""
+tests/operator/test_crd_apiserver.py sends the same objects to a real API server and compares
+the lists."""
 
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ import jsonschema
 import re2
 
 from kvpilot_operator import crd
-from tests.operator import crd_messages as words
+from kvpilot_testing import crd_messages as words
 
 OBJECT_META = frozenset(
     {
