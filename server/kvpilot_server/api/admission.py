@@ -88,9 +88,11 @@ class Admission:
         rate = recent / _RATE_WINDOW_S
         estimate = _IDLE_RETRY_S if rate == 0 else (waiting - self.max_waiting) / rate
         # Spread over [estimate, 2 x estimate]: a synchronized retry would be refused again.
-        # Rounded, not ceiled: at the idle estimate (no completion yet, 1 s) ceil gave every
-        # refused client 2 s, the very synchronized retry the spread is there to prevent.
-        spread = estimate * (1.0 + random.random())
+        # Retry-After is whole seconds, so the spread is at least [1, 2] s and rounded, not
+        # ceiled: an estimate under a second (completions arriving fast) rounded every refused
+        # client to 1 s, and ceil gave every one 2 s, the very synchronized retry the spread is
+        # there to prevent.
+        spread = max(1.0, estimate) * (1.0 + random.random())
         return min(_MAX_RETRY_S, max(1, round(spread)))
 
     def deadline(self, requested: float | None) -> float | None:
