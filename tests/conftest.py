@@ -15,6 +15,7 @@ from kvpilot_testing.corpus import CORPUS
 from kvpilot_testing.kube.cluster import Cluster, create_namespace
 from kvpilot_testing.kube.controlplane import ControlPlane
 from kvpilot_testing.kube.install import Installed, install
+from kvpilot_testing.small_vocab import build_small_vocab_tokenizer
 from kvpilot_testing.tiny import TINY_MODELS, build_tiny_model
 
 
@@ -31,6 +32,14 @@ def tiny_dir(tmp_path_factory, smollm2) -> "functools.partial[Path]":
 
 def _tiny(root: Path, tokenizer_dir: Path, name: str) -> Path:
     return build_tiny_model(name, root / name, tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_dir(tmp_path_factory, smollm2) -> "functools.partial[Path]":
+    """Tiny models on a tokenizer of 512 tokens trained in the run (kvpilot_testing.small_vocab):
+    for tests that sample thousands of tokens."""
+    root = tmp_path_factory.mktemp("small-vocab")
+    return functools.partial(_tiny, root, build_small_vocab_tokenizer(root / "tokenizer", smollm2))
 
 
 @pytest.fixture(params=sorted(TINY_MODELS))

@@ -22,6 +22,10 @@ PREFIX_CACHE_HITS = "kvpilot_prefix_cache_hits_total"  # vllm:prefix_cache_hits_
 # Prompt tokens the model computed (requested minus cache hits, plus recomputation).
 PREFILL_TOKENS = "kvpilot_prefill_tokens_total"  # no vLLM counterpart
 ENGINE_INFO = "kvpilot_engine_info"  # vllm:cache_config_info
+# Requests with a structured-output constraint (label kind: json, json_object, regex, choice,
+# grammar, tools), and the time each spent waiting for its grammar (0 when cached).
+STRUCTURED_REQUESTS = "kvpilot_structured_requests_total"  # no vLLM counterpart
+GRAMMAR_COMPILE_TIME = "kvpilot_grammar_compile_seconds"  # no vLLM counterpart
 
 # Label values that the server writes and the dashboards, the alerts and the autoscaler select on.
 # REQUESTS' outcome is a finish reason (stop, length, abort, ...) or one of these two:

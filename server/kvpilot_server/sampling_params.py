@@ -1,10 +1,53 @@
 """Per-request generation settings, validated once at construction (vLLM's field names)."""
 
+import contextlib
+import hashlib
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvpilot_common.errors import InvalidRequestError
 
 _MIN_TEMPERATURE = 1e-5
+
+
+@dataclass
+class StructuredOutputsParams:
+    """What the output must match: exactly one of the constraints (vLLM's field names). `lark`
+    is kvpilot's own: a grammar it builds itself (tool calls), never taken from a request."""
+
+    json: dict[str, Any] | str | None = None  # a JSON schema
+    json_object: bool = False  # any JSON object
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # Lark or GBNF
+    lark: str | None = None
+    # The request field it came from, for errors (compiling happens later, elsewhere).
+    source: str = field(default="structured_outputs", compare=False)
+    # The engine's compiled grammar, set once (engine/structured/grammar.py); every choice of a
+    # request shares it and starts its own matcher from it.
+    compiled: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar", "lark") if getattr(self, k)]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise InvalidRequestError(
+                "structured outputs take exactly one of json, json_object, regex, choice, "
+                f"grammar; got {', '.join(given) or 'none'}",
+                "structured_outputs",
+            )
+        self.kind = given[0]
+
+    @property
+    def key(self) -> str:
+        """The same constraint, however spelled (key order, whitespace), has the same key."""
+        value = getattr(self, self.kind)
+        if self.kind == "json" and isinstance(value, str):
+            with contextlib.suppress(ValueError):  # compiling reports it
+                value = json.loads(value)
+        text = json.dumps([self.kind, value], sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass
@@ -28,6 +71,8 @@ class SamplingParams:
     # caching for the request: a cached token is never run through the model)
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -63,6 +108,9 @@ class SamplingParams:
             ),
             (self.seed is None or -(2**63) <= self.seed < 2**64, "seed", "must fit in 64 bits"),
         ]
+        if self.structured_outputs is not None:
+            # An end-of-sequence ban could leave a finished grammar nothing to emit.
+            checks.append((self.min_tokens == 0, "min_tokens", "must be 0 with structured outputs"))
         for ok, name, rule in checks:
             if not ok:
                 raise InvalidRequestError(f"{name} {rule}, got {getattr(self, name)!r}", name)
@@ -70,6 +118,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def processed(self) -> bool:
+        """Logits need more than temperature and filtering: penalties or a bias."""
+        return self.penalized or bool(self.logit_bias)
 
     @property
     def penalized(self) -> bool:

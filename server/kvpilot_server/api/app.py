@@ -22,6 +22,12 @@ from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.completions import CLIENT_CLOSED, Completions
+from kvpilot_server.api.fields import (
+    REFUSED_CHAT,
+    REFUSED_COMPLETIONS,
+    check_extras,
+    ignored_header,
+)
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.openapi import openapi_document
 from kvpilot_server.api.prompts import ContextOverflow, chat_prompt, text_prompt
@@ -69,16 +75,19 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
 
     async def chat(request: Request) -> Response:
         parsed = await parse(request, ChatCompletionRequest)
+        headers = ignored_header(check_extras(parsed, REFUSED_CHAT))
         messages = [m.model_dump() for m in parsed.messages]
         policy, room = settings.context_overflow, parsed.requested_tokens
         prompt, dropped = await engine.process(chat_prompt, inputs, messages, room, policy)
-        headers = None if dropped is None else {TRUNCATED_HEADER: str(dropped)}
+        if dropped is not None:
+            headers[TRUNCATED_HEADER] = str(dropped)
         return await completions_api.serve(request, parsed, prompt, chat=True, headers=headers)
 
     async def completions(request: Request) -> Response:
         parsed = await parse(request, CompletionRequest)
+        headers = ignored_header(check_extras(parsed, REFUSED_COMPLETIONS))
         prompt = await engine.process(text_prompt, inputs, parsed.prompt, parsed.max_tokens)
-        return await completions_api.serve(request, parsed, prompt, chat=False)
+        return await completions_api.serve(request, parsed, prompt, chat=False, headers=headers)
 
     def tokenized(parsed: TokenizeRequest) -> JSONResponse:
         """On a worker thread: a long prompt's JSON answer is large to render too."""

@@ -9,6 +9,7 @@ closed; while a non-streaming request runs, a watcher on the connection cancels 
 import asyncio
 import dataclasses
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -57,6 +58,11 @@ class Completions:
         resources = exit_stack(request)
         try:
             params = self._choice_params(parsed, len(prompt))
+            structured = params[0].structured_outputs
+            if structured is not None:  # before queuing: a bad schema is a 400, not a failure
+                started = time.perf_counter()
+                await self.engine.compile_grammar(structured)
+                self.metrics.observe_grammar(structured.kind, time.perf_counter() - started)
             resources.enter_context(self.admission.admit(parsed.n))
             sources = [
                 self.engine.generate(

@@ -127,6 +127,19 @@ class ServerMetrics:
             ["model", "outcome"],
             registry=self.registry,
         )
+        self.structured = Counter(
+            names.STRUCTURED_REQUESTS,
+            "Requests with a structured-output constraint, by kind",
+            ["model", "kind"],
+            registry=self.registry,
+        )
+        self.grammar_compile = histogram(
+            names.GRAMMAR_COMPILE_TIME, "Time a request waited for its grammar (0 if cached)"
+        )
+
+    def observe_grammar(self, kind: str, seconds: float) -> None:
+        self.structured.labels(self.model, kind).inc()
+        self.grammar_compile.labels(self.model).observe(seconds)
 
     def observe_finished(self, output: RequestOutput | None, outcome: str) -> None:
         """Record one finished request (output None: it failed before producing any)."""

@@ -6,16 +6,19 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic_core import PydanticCustomError
 
 from kvpilot_common.errors import InvalidRequestError
+from kvpilot_server.api.structured import StructuredFields
 from kvpilot_server.engine.runtime.sequence import Priority
 from kvpilot_server.sampling_params import SamplingParams
 
 PositiveInt = Annotated[int, Field(ge=1)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 MAX_CHOICES = 16
 # Stop strings are matched after every token of every choice, so their number and length are
 # bounded (docs/limits.md). OpenAI allows 4; clients of self-hosted models often send a model's
 # several end markers, so 16.
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
+MAX_LOGIT_BIAS = 300  # OpenAI's limit too
 
 
 def _check_stop(stop: str | list[str] | None) -> str | list[str] | None:
@@ -49,16 +52,17 @@ _STOP_SCHEMA = {
 
 class Body(BaseModel):
     """Strict types, as OpenAI's API: "5" is not a number and 0 is not false. Unknown fields are
-    ignored, so clients written for newer OpenAI features still work."""
+    kept aside for fields.check_extras: refused if they would change the answer, else ignored
+    and named in the response, so clients written for newer OpenAI features still work."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(Body):
     include_usage: bool = False
 
 
-class SamplingFields(Body):
+class SamplingFields(Body, StructuredFields):
     """Fields shared by chat and text completions (OpenAI's, plus vLLM's extras)."""
 
     model: str | None = None
@@ -84,6 +88,8 @@ class SamplingFields(Body):
     # Seconds; --request-timeout is the ceiling: a request may shorten its deadline, not extend it.
     timeout: Annotated[float, Field(gt=0.0)] | None = None
     priority: int = 0  # vLLM semantics, lower is more important: above 0 selects the batch class
+    # Token id (as a string, OpenAI's JSON) -> a bias added to its logit before sampling.
+    logit_bias: Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIAS)] | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -101,7 +107,19 @@ class SamplingFields(Body):
             stop=stop,
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            logit_bias=self._logit_bias(),
+            structured_outputs=self.structured_spec(),
         )
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(token): bias for token, bias in self.logit_bias.items()}
+        except ValueError:
+            raise InvalidRequestError(
+                "logit_bias keys must be token ids (integers as strings)", "logit_bias"
+            ) from None
 
     def scheduling_class(self) -> Priority:
         batch = self.service_tier == "flex" or self.priority > 0

@@ -21,19 +21,23 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kvpilot_common.errors import EngineDeadError, RequestFailedError
+from kvpilot_common.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.runtime.inputs import InputProcessor
 from kvpilot_server.engine.runtime.llm_engine import EngineStats, LLMEngine
 from kvpilot_server.engine.runtime.sequence import Priority
+from kvpilot_server.engine.structured.grammar import Grammar
 from kvpilot_server.outputs import RequestOutput
-from kvpilot_server.sampling_params import SamplingParams
+from kvpilot_server.sampling_params import SamplingParams, StructuredOutputsParams
 
 log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.05
 # Two workers: a second long prompt need not wait for the first, and on a small machine the
 # engine thread keeps a core.
 _INPUT_WORKERS = 2
+# Seconds a structured-output constraint may take to compile (docs/limits.md); llguidance's
+# parser limits stop most runaway grammars well before it.
+GRAMMAR_DEADLINE_S = 10.0
 T = TypeVar("T")
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None)
 
@@ -51,6 +55,10 @@ class AsyncEngine:
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="kvpilot-engine", daemon=True)
         self._workers = ThreadPoolExecutor(_INPUT_WORKERS, thread_name_prefix="kvpilot-inputs")
+        # Apart from the input workers: a slow grammar must not hold up tokenizing.
+        self._grammar_workers = ThreadPoolExecutor(
+            _INPUT_WORKERS, thread_name_prefix="kvpilot-grammars"
+        )
         self.error: BaseException | None = None  # set if the loop itself died
         self.stats: EngineStats  # the latest snapshot, replaced (never changed) by the loop
 
@@ -75,6 +83,7 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout)
         self._workers.shutdown(wait=False, cancel_futures=True)
+        self._grammar_workers.shutdown(wait=False, cancel_futures=True)
 
     @property
     def inputs(self) -> InputProcessor:
@@ -105,6 +114,21 @@ class AsyncEngine:
     async def process(self, fn: Callable[..., T], *args: Any) -> T:
         """Run CPU-heavy input work (fn(*args), e.g. on self.inputs) on a worker thread."""
         return await asyncio.get_running_loop().run_in_executor(self._workers, _trimmed, fn, *args)
+
+    async def compile_grammar(self, spec: StructuredOutputsParams) -> Grammar:
+        """Compile a structured-output constraint off the engine thread, under a deadline: a
+        hostile schema costs its own request a 400, and never the engine loop its pace. The
+        spec keeps the result, so adding the request compiles nothing."""
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._grammar_workers, self.engine.grammars.compile, spec)
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), GRAMMAR_DEADLINE_S)
+        except TimeoutError:
+            raise InvalidRequestError(
+                f"The {spec.source} did not compile within {GRAMMAR_DEADLINE_S:g} s; "
+                "simplify it (docs/limits.md)",
+                spec.source,
+            ) from None
 
     @property
     def alive(self) -> bool:

@@ -8,6 +8,8 @@ StepFailedError and the engine goes on with the rest.
 
 import logging
 import time
+from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -35,6 +37,8 @@ from kvpilot_server.engine.runtime.request import Request
 from kvpilot_server.engine.runtime.sampler import Sampler
 from kvpilot_server.engine.runtime.scheduler import Scheduler
 from kvpilot_server.engine.runtime.sequence import Priority, Sequence
+from kvpilot_server.engine.structured.grammar import GrammarCompiler
+from kvpilot_server.engine.structured.masks import MaskWorker, StepMasks
 from kvpilot_server.models.resolve import resolve_model
 from kvpilot_server.outputs import RequestMetrics, RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
@@ -96,12 +100,16 @@ class LLMEngine:
         )
         self.sampler = Sampler(cfg.eos_token_ids, config.seed)
         self.inputs = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)
+        self.grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, cfg.eos_token_ids)
+        self.masks = MaskWorker(cfg.vocab_size)
         self.requests: dict[str, Request] = {}
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (from the thread that steps the engine)."""
         if self.workers is not None:
             self.workers.close()
+        if hasattr(self, "masks"):
+            self.masks.close()
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -117,6 +125,11 @@ class LLMEngine:
             raise InvalidRequestError(f"Request id {request_id!r} is already in use")
         token_ids = self.inputs.encode(prompt)
         max_tokens = self.inputs.max_tokens(len(token_ids), params)
+        if params.logit_bias:
+            self.inputs.check_ids(list(params.logit_bias), "logit_bias")
+        structured = params.structured_outputs
+        # The server compiled it off this thread already; the offline LLM compiles here.
+        grammar = self.grammars.compile(structured) if structured is not None else None
         seq = Sequence(request_id, token_ids, params, max_tokens, priority)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
@@ -136,6 +149,7 @@ class LLMEngine:
             metrics=RequestMetrics(arrival_time=seq.arrival_time),
             logprobs=[] if params.logprobs is not None else None,
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+            matcher=grammar.matcher() if grammar is not None else None,
         )
         self.scheduler.add(seq)
 
@@ -163,9 +177,11 @@ class LLMEngine:
         for seq in batch:
             metrics = self.requests[seq.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
+        pending = self._start_masks(scheduled.num_new_tokens)
         try:
             logits, sampling, prompt_rows = self.runner.run(scheduled)
-            samples = self.sampler.sample(logits[: len(sampling)], sampling)
+            masks = pending.result() if pending is not None else None
+            samples = self.sampler.sample(logits[: len(sampling)], sampling, masks)
             for seq, rows, first in prompt_rows:
                 targets = seq.token_ids[first : first + rows.stop - rows.start]
                 k = seq.params.prompt_logprobs or 0
@@ -192,6 +208,16 @@ class LLMEngine:
                 continue
             outputs.append(self._release(request) if request.finished else request.take_output())
         return outputs
+
+    def _start_masks(self, batch: Mapping[Sequence, int]) -> "Future[StepMasks] | None":
+        """The masks of the constrained sequences that sample this step, computed while the
+        model runs."""
+        matchers = {}
+        for seq, n in batch.items():
+            matcher = self.requests[seq.request_id].matcher
+            if matcher is not None and seq.num_computed_tokens + n == len(seq):
+                matchers[seq.seq_id] = matcher
+        return self.masks.start(matchers) if matchers else None
 
     def fail_all(self, exc: Exception) -> list[RequestOutput]:
         return [self._fail(request, exc) for request in list(self.requests.values())]

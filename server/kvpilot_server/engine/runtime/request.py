@@ -3,6 +3,8 @@
 import time
 from dataclasses import dataclass, field
 
+import llguidance
+
 from kvpilot_server.engine.runtime.detokenizer import Detokenizer
 from kvpilot_server.engine.runtime.sequence import Sequence
 from kvpilot_server.outputs import CompletionOutput, RequestMetrics, RequestOutput, Sample
@@ -22,6 +24,10 @@ class Request:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     error: Exception | None = None
+    # Structured outputs: the grammar's state after the tokens generated so far. Tokens are
+    # never taken back (a preempted sequence keeps them and recomputes their KV), so neither is
+    # the state.
+    matcher: llguidance.LLMatcher | None = None
 
     def append(self, sample: Sample) -> None:
         """Take in the token the scheduler appended to the sequence (its text, logprobs and
@@ -38,12 +44,16 @@ class Request:
             self.logprobs.append(sample)
         self.delta_text += self.detokenizer.add(sample.token_id)
         token, done_min = sample.token_id, seq.num_output_tokens >= params.min_tokens
+        if self.matcher is not None and not self.matcher.consume_token(token):
+            raise RuntimeError(f"structured output failed: {self.matcher.get_error()}")
         if self.detokenizer.stop_reason is not None:
             self.finish("stop", self.detokenizer.stop_reason)
         elif done_min and not params.ignore_eos and token in self.eos_token_ids:
             self.finish("stop")
         elif done_min and token in params.stop_token_ids:
             self.finish("stop", token)
+        elif self.matcher is not None and self.matcher.is_stopped():
+            self.finish("stop")  # the grammar is complete: nothing but an end may follow
         elif seq.num_output_tokens >= seq.max_tokens or len(seq) >= self.max_model_len:
             self.finish("length")
 

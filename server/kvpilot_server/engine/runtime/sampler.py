@@ -1,5 +1,7 @@
 """Turn next-token logits into tokens: penalties, temperature, top-k/top-p/min-p, seeds, logprobs.
 
+A structured-output row's disallowed tokens are masked to -inf first (engine/structured/masks.py),
+so every mode below, and the logprobs, see the constrained distribution, as in vLLM.
 Greedy batches without penalties take one argmax over the batch. Everything else goes row by
 row: each seeded request draws from its own generator, so its samples do not depend on what
 else shares the batch. A row that cannot be sampled comes back as its exception, so one
@@ -9,6 +11,7 @@ request's extreme settings fail that request alone.
 import torch
 
 from kvpilot_server.engine.runtime.sequence import Sequence
+from kvpilot_server.engine.structured.masks import StepMasks
 from kvpilot_server.outputs import Sample
 
 _MAX = torch.finfo(torch.float32).max
@@ -23,8 +26,17 @@ class Sampler:
     def forget(self, seq: Sequence) -> None:
         self.seeded.pop(seq.seq_id, None)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Sample | Exception]:
+    def sample(
+        self, logits: torch.Tensor, seqs: list[Sequence], masks: StepMasks | None = None
+    ) -> list[Sample | Exception]:
         logits = logits.float().cpu()
+        failed = {}
+        if masks is not None:  # on a copy: the caller's logits may be this very tensor
+            logits = logits.clone()
+            failed = masks.apply(logits, [s.seq_id for s in seqs])
+        if failed:
+            samples = self.sample(logits, seqs)  # the failed rows' samples are dropped
+            return [failed.get(i, sample) for i, sample in enumerate(samples)]
         if all(s.params.greedy and not self._needs_processing(s) for s in seqs):
             tokens = logits.argmax(dim=-1).tolist()
             return [
@@ -40,11 +52,14 @@ class Sampler:
         return samples
 
     def _needs_processing(self, seq: Sequence) -> bool:
-        return seq.params.penalized or seq.num_output_tokens < seq.params.min_tokens
+        return seq.params.processed or seq.num_output_tokens < seq.params.min_tokens
 
     def _sample_row(self, logits: torch.Tensor, seq: Sequence) -> int:
         p = seq.params
         logits = logits.clone()
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias))
+            logits[ids] += torch.tensor(list(p.logit_bias.values()))
         if p.penalized:
             apply_penalties(logits, seq)
         if seq.num_output_tokens < p.min_tokens:

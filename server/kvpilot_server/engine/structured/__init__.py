@@ -1,0 +1,1 @@
+"""Structured outputs: grammars compiled from requests, and the per-step token masks."""

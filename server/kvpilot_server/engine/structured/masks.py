@@ -1,0 +1,75 @@
+"""Allowed-token masks of a step's constrained sequences, computed while the model runs.
+
+Before the forward pass the engine hands the matchers of the sequences that will sample to a
+thread; llguidance computes their masks in parallel with the GIL released, so the mask costs
+(almost) nothing next to the model. The sampler then sets every disallowed logit to -inf,
+before penalties, temperature and logprobs, for every sampling mode.
+"""
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import llguidance
+import torch
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+class StepMasks:
+    """The masks of one step: a row of bits per constrained sequence (by seq_id)."""
+
+    def __init__(self, bitmask: torch.Tensor, rows: dict[int, int], errors: dict[int, str]):
+        self.bitmask, self.rows, self.errors = bitmask, rows, errors
+
+    def apply(self, logits: torch.Tensor, seq_ids: list[int]) -> dict[int, Exception]:
+        """Mask logits (row i belongs to seq_ids[i]) in place; rows whose grammar failed come
+        back as their error, to fail those requests alone."""
+        failed: dict[int, Exception] = {}
+        picked, sources = [], []
+        for i, seq_id in enumerate(seq_ids):
+            if seq_id in self.errors:
+                failed[i] = RuntimeError(f"structured output failed: {self.errors[seq_id]}")
+            elif seq_id in self.rows:
+                picked.append(i)
+                sources.append(self.rows[seq_id])
+        if picked:
+            allowed = unpack(self.bitmask[sources], logits.shape[-1])
+            index = torch.tensor(picked)
+            logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        return failed
+
+
+def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 words of 32 token bits -> bool [rows, vocab_size]."""
+    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+class MaskWorker:
+    """One thread beside the engine's: start() before the forward pass, result after it."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvpilot-masks")
+        self._executor = llguidance.LLExecutor()
+
+    def start(self, matchers: dict[int, llguidance.LLMatcher]) -> Future[StepMasks]:
+        return self._pool.submit(self.compute, matchers)
+
+    def compute(self, matchers: dict[int, llguidance.LLMatcher]) -> StepMasks:
+        # llguidance.torch is not imported: it compiles a kernel with torch.compile on import.
+        words = (self.vocab_size + 31) // 32
+        bitmask = torch.zeros((len(matchers), words), dtype=torch.int32)
+        ordered = list(matchers.items())
+        self._executor.unsafe_compute_mask_ptr(
+            [(m, i) for i, (_, m) in enumerate(ordered)], bitmask.data_ptr(), words * 4, len(ordered)
+        )
+        rows, errors = {}, {}
+        for i, (seq_id, matcher) in enumerate(ordered):
+            if matcher.is_error():
+                errors[seq_id] = matcher.get_error()
+            else:
+                rows[seq_id] = i
+        return StepMasks(bitmask, rows, errors)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
