@@ -60,9 +60,8 @@ class MaskWorker:
         words = (self.vocab_size + 31) // 32
         bitmask = torch.zeros((len(matchers), words), dtype=torch.int32)
         ordered = list(matchers.items())
-        self._executor.unsafe_compute_mask_ptr(
-            [(m, i) for i, (_, m) in enumerate(ordered)], bitmask.data_ptr(), words * 4, len(ordered)
-        )
+        targets = [(matcher, i) for i, (_, matcher) in enumerate(ordered)]
+        self._executor.unsafe_compute_mask_ptr(targets, bitmask.data_ptr(), words * 4, len(ordered))
         rows, errors = {}, {}
         for i, (seq_id, matcher) in enumerate(ordered):
             if matcher.is_error():

@@ -43,7 +43,7 @@ def llm(small_vocab_dir) -> LLM:
 def test_json_schema_samples_validate(llm, ids):
     started = time.monotonic()
     checked = finished = 0
-    for name, schema in SCHEMAS.items():
+    for schema in SCHEMAS.values():
         params = [
             SamplingParams(
                 max_tokens=64,
@@ -79,7 +79,7 @@ def test_regex_and_choice_samples_match(llm, ids):
         outs = llm.generate([ids[i : i + 9] for i in range(40)], params, use_tqdm=False)
         texts = [o.outputs[0].text for o in outs if o.outputs[0].finish_reason == "stop"]
         assert len(texts) >= 30, texts
-        assert all(re.fullmatch(pattern, t) for t in texts), [t for t in texts if not re.fullmatch(pattern, t)]
+        assert [t for t in texts if not re.fullmatch(pattern, t)] == []
     spec = StructuredOutputsParams(choice=choices)
     params = [SamplingParams(max_tokens=16, seed=i, structured_outputs=spec) for i in range(40)]
     outs = llm.generate([ids[i : i + 9] for i in range(40)], params, use_tqdm=False)
