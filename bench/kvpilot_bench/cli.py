@@ -15,7 +15,7 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
         default="mixed",
-        help="a workload YAML file or a preset: chat, summarize, mixed (default mixed)",
+        help="a workload YAML file or a preset: chat, summarize, mixed, structured (default mixed)",
     )
     parser.add_argument("--rate", type=float, help="Poisson arrivals at this many requests/s")
     parser.add_argument("--duration", type=float, help="seconds of arrivals (default: workload's)")

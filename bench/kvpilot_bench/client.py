@@ -9,6 +9,10 @@ tokens, which is how a user's client gives up; the server should abort the reque
 Outcomes: ok, cancelled, http_<code> (429 is a rejection; every other 4xx and 5xx by its code),
 stream_error (an error event after the stream began), timeout (the client's own deadline),
 connection_error (refused, reset, or a stream cut short), interrupted (stopped by Ctrl-C).
+
+A structured request (its planned variant) sends `response_format` or `tools` and
+`tool_choice`; a streamed tool call's name and argument fragments are tokens like content's. Its
+answer, put together from the deltas when streamed, is checked when it completed (validity.py).
 """
 
 import asyncio
@@ -20,6 +24,7 @@ from http import HTTPStatus
 import httpx
 
 from kvpilot_bench.prompts import Job
+from kvpilot_bench.validity import Answer, Reassembly, check
 
 # OpenAI-shaped error bodies name the status as a code ("request_timeout"); back to numbers.
 _CODES = {s.phrase.lower().replace(" ", "_"): s.value for s in HTTPStatus}
@@ -54,6 +59,10 @@ class Record:
     tokens_in: int | None = None  # the server's usage, else our count
     tokens_out: int = 0
     error: str | None = None
+    variant: str | None = None  # a structured request's variant
+    valid: bool | None = None  # its answer checked (validity.py); None: not checked
+    failure: str | None = None  # validity.FAILURES, when not valid
+    failure_detail: str | None = None
 
 
 def body(job: Job, model: str) -> dict:
@@ -73,6 +82,14 @@ def body(job: Job, model: str) -> dict:
         out["ignore_eos"] = True  # vLLM's extension, also kvpilot's: outputs run to max_tokens
     if cls.service_tier:
         out["service_tier"] = cls.service_tier
+    variant = job.planned.structured
+    if variant is not None:
+        if variant.response_format is not None:
+            out["response_format"] = variant.response_format
+        if variant.tools:
+            out["tools"] = list(variant.tools)
+        if variant.tool_choice is not None:
+            out["tool_choice"] = variant.tool_choice
     return out
 
 
@@ -87,23 +104,33 @@ async def send(
     )
     cancel_at = planned.cancel_after_s
     limit = timeout_s if cancel_at is None else min(timeout_s, cancel_at)
+    variant = planned.structured
+    assembly = Reassembly() if variant is not None else None
+    answer = Answer()
+    if variant is not None:
+        rec.variant = variant.name
     start = time.perf_counter()
     try:
         async with asyncio.timeout(limit):
             if cls.stream:
-                await _stream(http, request, rec, start, planned.cancel_after_tokens)
+                await _stream(http, request, rec, start, planned.cancel_after_tokens, assembly)
+                if assembly is not None:
+                    answer = assembly.answer()
             else:
-                await _whole(http, request, rec)
+                answer = await _whole(http, request, rec)
     except TimeoutError:
         rec.outcome = "cancelled" if cancel_at is not None and cancel_at <= timeout_s else "timeout"
     except httpx.TimeoutException:
         rec.outcome = "timeout"
     except httpx.TransportError as exc:
         rec.outcome, rec.error = "connection_error", f"{type(exc).__name__}: {exc}"[:200]
-    except (ValueError, KeyError, TypeError) as exc:  # a body that is not what the API promises
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not what the API promises
         rec.outcome, rec.error = "stream_error", f"unreadable answer: {exc}"[:200]
     if rec.e2e is None:
         rec.e2e = time.perf_counter() - start
+    if variant is not None and rec.outcome == "ok":
+        rec.failure, rec.failure_detail = check(variant, answer)
+        rec.valid = rec.failure is None
 
 
 async def _stream(
@@ -112,6 +139,7 @@ async def _stream(
     rec: Record,
     start: float,
     cancel_after_tokens: int | None,
+    assembly: Reassembly | None = None,
 ) -> None:
     response = await http.send(request, stream=True)
     try:
@@ -134,10 +162,10 @@ async def _stream(
                 return
             _usage(rec, chunk.get("usage"))
             for choice in chunk.get("choices") or []:
-                text = choice.get("delta", {}).get("content") if "delta" in choice else None
-                text = text if text is not None else choice.get("text")
+                if assembly is not None and choice.get("index", 0) == 0:
+                    assembly.add(choice)
                 finished = finished or bool(choice.get("finish_reason"))
-                if not text:
+                if not _has_text(choice):
                     continue
                 now = time.perf_counter()
                 if pieces == 0:
@@ -157,14 +185,30 @@ async def _stream(
         await response.aclose()
 
 
-async def _whole(http: httpx.AsyncClient, request: httpx.Request, rec: Record) -> None:
+def _has_text(choice: dict) -> bool:
+    """Did this streamed choice carry generated text: content, a completion's text, or a tool
+    call's name or arguments?"""
+    delta = choice.get("delta") or {}
+    if delta.get("content") or choice.get("text"):
+        return True
+    return any(
+        (call.get("function") or {}).get(key)
+        for call in delta.get("tool_calls") or []
+        for key in ("name", "arguments")
+    )
+
+
+async def _whole(http: httpx.AsyncClient, request: httpx.Request, rec: Record) -> Answer:
     response = await http.send(request)
     rec.status = response.status_code
     if response.status_code != 200:
         _http_error(rec, response)
-        return
-    _usage(rec, response.json().get("usage"))
+        return Answer()
+    answer = response.json()
+    _usage(rec, answer.get("usage"))
     rec.outcome = "ok"
+    choices = answer.get("choices") or [{}]
+    return Answer.from_message(choices[0])
 
 
 def _usage(rec: Record, usage: dict | None) -> None:

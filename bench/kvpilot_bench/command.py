@@ -131,11 +131,12 @@ async def _main(args: argparse.Namespace) -> int:
             workload.prompts_path if workload.prompts_source == "jsonl" else None
         )
         source = prompts.read_jsonl(path) if path else await prompts.Corpus.load(counter)
+        extra = await prompts.variant_tokens(workload, counter)  # structured instructions
 
     async def run_at(
         endpoint: Endpoint, wl: Workload, label: str = ""
     ) -> tuple[runner.RunResult, dict]:
-        jobs = prompts.jobs(plan.build(wl), source, counter)
+        jobs = prompts.jobs(plan.build(wl), source, counter, extra)
         result = await runner.run(endpoint, wl, jobs, options, counter.name, label)
         return result, report.run_report(result, slo)
 

@@ -24,6 +24,8 @@ def rows(report: dict, name: str) -> list[tuple[str, float | None, str]]:
         (f"{name} goodput", s["goodput"]["share"], "%"),
         (f"{name} errors", float(sum(s["errors"].values())), ""),
     ]
+    if "structured" in s:  # a workload with structured requests: both runs have it
+        out.append((f"{name} valid share", s["structured"]["valid_share"], "%"))
     for label, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms")):
         for q in (50, 95, 99):
             p = s[key]

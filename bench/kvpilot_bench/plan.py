@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvpilot_bench.workload import Arrival, Distribution, RequestClass, Workload
+from kvpilot_bench.workload import Arrival, Distribution, RequestClass, Variant, Workload
 
 _CHUNK = 4096  # candidate arrivals drawn at a time
 
@@ -26,6 +26,11 @@ class Planned:
     cancel_after_s: float | None  # the client closes the request this long after sending it
     cancel_after_tokens: int | None  # ... or after receiving this many streamed tokens
     text_seed: int  # picks the prompt text
+    variant: int | None = None  # which of the class's structured variants (None: none)
+
+    @property
+    def structured(self) -> Variant | None:
+        return None if self.variant is None else self.cls.structured[self.variant]
 
 
 def sample(dist: Distribution, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -116,11 +121,15 @@ def build(workload: Workload) -> list[Planned]:
             after_s = sample(cls.cancel.after_ms, crng, n) / 1000.0
         if cls.cancel and cls.cancel.after_tokens:
             after_tok = _tokens(cls.cancel.after_tokens, crng, n)
-        columns[k] = (prompt, output, cancels, after_s, after_tok)
+        variants = None  # drawn last: a class without variants draws what it always drew
+        if cls.structured:
+            weights = np.array([v.weight for v in cls.structured])
+            variants = crng.choice(len(weights), size=n, p=weights / weights.sum())
+        columns[k] = (prompt, output, cancels, after_s, after_tok, variants)
     plan = []
     for i in range(n):
         k = int(which[i])
-        prompt, output, cancels, after_s, after_tok = columns[k]
+        prompt, output, cancels, after_s, after_tok, variants = columns[k]
         cancel = bool(cancels[i])
         plan.append(
             Planned(
@@ -132,6 +141,7 @@ def build(workload: Workload) -> list[Planned]:
                 cancel_after_s=float(after_s[i]) if cancel and after_s is not None else None,
                 cancel_after_tokens=int(after_tok[i]) if cancel and after_tok is not None else None,
                 text_seed=int(text_seeds[i]),
+                variant=None if variants is None else int(variants[i]),
             )
         )
     return plan

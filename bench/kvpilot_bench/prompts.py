@@ -8,6 +8,10 @@ server when it can, tokens.py), so a prompt of N tokens is whole paragraphs plus
 next paragraph's words that makes up the rest, starting at a random word so that prompts do not
 share prefixes by accident. A JSONL file instead gives one request per line: {"prompt": "..."}
 or {"messages": [...]}, with an optional "max_tokens" (the lines of `kvpilot generate --input`).
+
+A structured request (workload.Variant) puts its instruction before the text, in the same user
+message; a JSONL line's own messages are sent as they are. The instruction and the tools' JSON
+(which chat templates write into the prompt) take room in the context like the template does.
 """
 
 import json
@@ -17,6 +21,7 @@ from pathlib import Path
 
 from kvpilot_bench.plan import Planned
 from kvpilot_bench.tokens import Counter
+from kvpilot_bench.workload import Variant, Workload
 from kvpilot_common.prose import default_text
 
 DEFAULT_CHAT_OVERHEAD = 64  # tokens assumed for a chat template the server cannot count for us
@@ -107,21 +112,59 @@ def fit(prompt: int, output: int, max_len: int | None, overhead: int) -> tuple[i
     return max(1, room - room // 2), room // 2
 
 
-def jobs(plan: list[Planned], source: Corpus | list[Prompt], counter: Counter) -> list[Job]:
+def instruction_text(variant: Variant) -> str:
+    """What a structured request adds to the prompt: its instruction (sent before the text)
+    and its tools' JSON (only counted: the server's chat template writes them in)."""
+    tools = json.dumps(list(variant.tools)) if variant.tools else ""
+    return f"{variant.instruction}\n\n{tools}".strip()
+
+
+async def variant_tokens(workload: Workload, counter: Counter) -> dict[tuple[str, str], int]:
+    """(class, variant) -> the tokens a structured request's instruction and tools take."""
+    keys = [(c.name, v.name, v) for c in workload.classes for v in c.structured]
+    counts = await counter.count([instruction_text(v) for _, _, v in keys]) if keys else []
+    return {(c, v): n for (c, v, _), n in zip(keys, counts, strict=True)}
+
+
+def _with_instruction(prompt: Prompt, variant: Variant | None) -> Prompt:
+    if variant is None or prompt.messages is not None:
+        return prompt
+    return Prompt(text=f"{variant.instruction}\n\n{prompt.text}", max_tokens=prompt.max_tokens)
+
+
+def jobs(
+    plan: list[Planned],
+    source: Corpus | list[Prompt],
+    counter: Counter,
+    extra: dict[tuple[str, str], int] | None = None,
+) -> list[Job]:
+    """extra: variant_tokens(), the room structured requests' instructions take (default: an
+    estimate from their words)."""
     out = []
     for p in plan:
+        variant = p.structured
+        added = 0
+        if variant is not None:
+            known = (extra or {}).get((p.cls.name, variant.name))
+            added = known if known is not None else _estimate(instruction_text(variant))
         if isinstance(source, Corpus):
             overhead = 0
             if p.cls.api == "chat":
                 known = counter.chat_overhead
                 overhead = DEFAULT_CHAT_OVERHEAD if known is None else known
             tokens, max_tokens = fit(
-                p.prompt_tokens, p.output_tokens, counter.max_model_len, overhead
+                p.prompt_tokens, p.output_tokens, counter.max_model_len, overhead + added
             )
             prompt = Prompt(text=source.text(tokens, p.text_seed))
             clamped = (tokens, max_tokens) != (p.prompt_tokens, p.output_tokens)
+            count: int | None = tokens + added
         else:
-            prompt, tokens = source[p.text_seed % len(source)], None
+            prompt, count = source[p.text_seed % len(source)], None
             max_tokens, clamped = prompt.max_tokens or p.output_tokens, False
-        out.append(Job(p, prompt, max_tokens, clamped, tokens))
+        out.append(Job(p, _with_instruction(prompt, variant), max_tokens, clamped, count))
     return out
+
+
+def _estimate(text: str) -> int:
+    """1.3 tokens per word (tokens.Counter's guess), or a token per 3 characters for JSON."""
+    return max(-(-len(text.split()) * 13 // 10), -(-len(text) // 3))

@@ -1,5 +1,7 @@
 """The report: a JSON document for machines (valid against report.schema.json, shipped beside
-this module) and text tables for people."""
+this module) and text tables for people. A workload with structured requests adds `structured`
+figures to the totals, to its structured classes and to each structured request; others' reports
+are unchanged."""
 
 import json
 from functools import cache
@@ -33,7 +35,7 @@ def run_report(result: RunResult, slo: stats.Slo, bin_s: float | None = None) ->
     records, duration, workload = result.records, result.duration_s, result.workload
     bin_s = bin_s or max(1.0, float(round(duration / 60)))
     lags = np.array([r.lag for r in records]) * 1000.0 if records else np.zeros(1)
-    return {
+    doc: dict[str, Any] = {
         "label": result.endpoint.label,
         "url": result.endpoint.root,
         "model": result.endpoint.model,
@@ -65,11 +67,18 @@ def run_report(result: RunResult, slo: stats.Slo, bin_s: float | None = None) ->
         "timeline": stats.timeline(records, duration, bin_s),
         "requests": [_request(r) for r in records],
     }
+    structured = [c.name for c in workload.classes if c.structured]
+    if structured:
+        doc["totals"]["structured"] = stats.structured(records)
+        for name in structured:
+            mine = [r for r in records if r.cls == name]
+            doc["classes"][name]["structured"] = stats.structured(mine)
+    return doc
 
 
 def _request(rec: Record) -> dict:
     """One request as measured (inter-token gaps summarized: the report's ITL has them all)."""
-    return {
+    out = {
         "index": rec.index,
         "class": rec.cls,
         "stream": rec.stream,
@@ -84,6 +93,14 @@ def _request(rec: Record) -> dict:
         "clamped": rec.clamped,
         "error": rec.error,
     }
+    if rec.variant is not None:
+        out["structured"] = {
+            "variant": rec.variant,
+            "valid": rec.valid,
+            "failure": rec.failure,
+            "detail": rec.failure_detail,
+        }
+    return out
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -122,10 +139,11 @@ def one_line(report: dict) -> str:
     """A run in one line: what a sweep prints per step."""
     t = report["totals"]
     p95 = {key: (t[key] or {}).get("p95") for key in ("ttft_ms", "e2e_ms")}
+    valid = f", valid {_share(t['structured']['valid_share'])}" if "structured" in t else ""
     return (
         f"sent {t['sent']}, ok {t['ok']}, goodput {_share(t['goodput']['share'])}, "
         f"p95 TTFT {_f(p95['ttft_ms'])} ms, p95 E2E {_f(p95['e2e_ms'])} ms, "
-        f"errors: {_errors(t)}"
+        f"errors: {_errors(t)}{valid}"
     )
 
 
@@ -174,6 +192,7 @@ def table(report: dict) -> str:
                 )
             )
     lines += ["", *align(rows)]
+    lines += structured_table(report)
     server = report["server"]
     if server:
         outcomes = ", ".join(f"{k} {v}" for k, v in server["outcomes"].items()) or "none"
@@ -189,6 +208,22 @@ def table(report: dict) -> str:
             f"{report['load_generator']['lag_p99_ms']:.0f} ms): the client machine is saturated"
         )
     return "\n".join(lines)
+
+
+def structured_table(report: dict) -> list[str]:
+    """Structured answers checked, valid and failed by kind, per structured class and in all
+    (no lines for a workload without structured requests)."""
+    if "structured" not in report["totals"]:
+        return []
+    rows: list[tuple[str, ...]] = [("structured", "checked", "valid", "valid share", "failures")]
+    named = [(n, s) for n, s in report["classes"].items() if "structured" in s]
+    for name, s in [*named, ("all", report["totals"])]:
+        st = s["structured"]
+        failures = ", ".join(f"{k} {n}" for k, n in st["failures"].items() if n) or "-"
+        rows.append(
+            (name, str(st["checked"]), str(st["valid"]), _share(st["valid_share"]), failures)
+        )
+    return ["", *align(rows, text_last=True)]
 
 
 def align(rows: list[tuple[str, ...]], text_last: bool = False) -> list[str]:

@@ -10,6 +10,9 @@ Which requests each figure counts:
 - Goodput: the share of requests that completed within every SLO given (TTFT applies to
   streaming requests, end-to-end to all), out of those the client did not give up on itself
   (sent minus cancelled and interrupted); with no SLO, the share that completed.
+- Structured answers (structured()): those of completed structured requests are checked
+  (validity.py); valid_share is valid / checked, and each failure kind is counted. Requests that
+  did not complete are counted in errors, never as invalid answers.
 Percentiles interpolate linearly between order statistics, numpy's default method.
 """
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvpilot_bench.client import Record
+from kvpilot_bench.validity import FAILURES
 
 PERCENTILES = (50, 90, 95, 99)
 ERROR_KINDS = (
@@ -112,6 +116,35 @@ def summarize(records: list[Record], duration_s: float, slo: Slo) -> dict:
         "tokens_in": sum(r.tokens_in or 0 for r in ok),
         "tokens_out": tokens_out,
         "goodput": goodput(records, slo, duration_s),
+    }
+
+
+def structured(records: list[Record]) -> dict:
+    """How many structured requests were sent, checked (they completed) and valid, the failures
+    by kind, and the same per variant."""
+    sent = [r for r in records if r.variant is not None]
+    checked = [r for r in sent if r.valid is not None]
+    failures = dict.fromkeys(FAILURES, 0)
+    for r in checked:
+        if r.failure is not None:
+            failures[r.failure] += 1
+    variants: dict[str, dict] = {}
+    for r in sent:
+        assert r.variant is not None
+        v = variants.setdefault(r.variant, {"sent": 0, "checked": 0, "valid": 0})
+        v["sent"] += 1
+        v["checked"] += r.valid is not None
+        v["valid"] += bool(r.valid)
+    for v in variants.values():
+        v["valid_share"] = v["valid"] / v["checked"] if v["checked"] else None
+    valid = sum(bool(r.valid) for r in checked)
+    return {
+        "sent": len(sent),
+        "checked": len(checked),
+        "valid": valid,
+        "valid_share": valid / len(checked) if checked else None,
+        "failures": failures,
+        "variants": dict(sorted(variants.items())),
     }
 
 

@@ -3,7 +3,10 @@
 A workload is a YAML file or the name of a preset shipped beside this module (presets/*.yaml),
 validated against workload.schema.json. Lengths are distributions in tokens; cancellations
 happen after a sampled time (after_ms) or after a sampled number of streamed tokens
-(after_tokens). docs/bench.md describes every field.
+(after_tokens). A chat class may carry `structured` variants: each request of the class draws
+one (by weight) and sends its instruction before the prompt's text, with its `response_format`
+or its `tools` and `tool_choice` (OpenAI's fields); validity.py checks the answers.
+docs/bench.md describes every field.
 """
 
 import json
@@ -44,6 +47,44 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """One kind of structured request: an instruction and what the answer must be."""
+
+    name: str
+    instruction: str  # sent before the prompt's text
+    weight: float = 1.0
+    response_format: dict[str, Any] | None = None  # OpenAI's, as sent
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI's function tools, as sent
+    tool_choice: str | dict[str, Any] | None = None  # auto, required or a named function
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema a content answer must meet (json_object: any object)."""
+        rf = self.response_format
+        if rf is None:
+            return None
+        if rf["type"] == "json_schema":
+            schema: dict[str, Any] = rf["json_schema"]["schema"]
+            return schema
+        return {"type": "object"}
+
+    def parameters(self) -> dict[str, dict[str, Any]]:
+        """Each offered tool's name -> the schema its arguments must meet."""
+        return {
+            t["function"]["name"]: t["function"].get("parameters", {"type": "object"})
+            for t in self.tools
+        }
+
+    @property
+    def forced_tool(self) -> str | None:
+        """The function tool_choice names, if it names one."""
+        if isinstance(self.tool_choice, dict):
+            name: str = self.tool_choice["function"]["name"]
+            return name
+        return None
+
+
+@dataclass(frozen=True)
 class RequestClass:
     name: str
     share: float
@@ -55,6 +96,7 @@ class RequestClass:
     temperature: float = 0.0
     service_tier: str | None = None
     cancel: Cancel | None = None
+    structured: tuple[Variant, ...] = ()  # one drawn per request, by weight
 
 
 @dataclass(frozen=True)
@@ -172,6 +214,19 @@ def _request_class(spec: dict[str, Any], where: str) -> RequestClass:
         d = spec[key]
         if d.get("min", 0) > d.get("max", float("inf")):
             raise WorkloadError(f"{where}: class {spec['name']}: {key}: min above max")
+    structured = tuple(
+        _variant(v, f"{where}: class {spec['name']}") for v in spec.get("structured", ())
+    )
+    if structured:
+        if spec.get("api", "chat") != "chat":
+            raise WorkloadError(f"{where}: class {spec['name']}: structured needs api: chat")
+        if spec.get("ignore_eos") is True:
+            raise WorkloadError(
+                f"{where}: class {spec['name']}: structured answers end where their JSON ends: "
+                "ignore_eos must be false"
+            )
+        if len({v.name for v in structured}) != len(structured):
+            raise WorkloadError(f"{where}: class {spec['name']}: structured names must differ")
     return RequestClass(
         name=spec["name"],
         share=float(spec["share"]),
@@ -179,8 +234,44 @@ def _request_class(spec: dict[str, Any], where: str) -> RequestClass:
         output_tokens=Distribution.parse(spec["output_tokens"]),
         api=spec.get("api", "chat"),
         stream=spec.get("stream", True),
-        ignore_eos=spec.get("ignore_eos", True),
+        ignore_eos=spec.get("ignore_eos", not structured),
         temperature=float(spec.get("temperature", 0.0)),
         service_tier=spec.get("service_tier"),
         cancel=cancel,
+        structured=structured,
+    )
+
+
+def _variant(spec: dict[str, Any], where: str) -> Variant:
+    where = f"{where}: structured {spec['name']}"
+    rf = spec.get("response_format")
+    schemas = []
+    if rf is not None and rf["type"] == "json_schema":
+        schemas.append(("response_format", rf["json_schema"]["schema"]))
+    tools = tuple(spec.get("tools", ()))
+    names = [t["function"]["name"] for t in tools]
+    if len(set(names)) != len(names):
+        raise WorkloadError(f"{where}: tool names must differ")
+    for t in tools:
+        if "parameters" in t["function"]:
+            schemas.append((f"tool {t['function']['name']}", t["function"]["parameters"]))
+    choice = spec.get("tool_choice")
+    if isinstance(choice, dict) and choice["function"]["name"] not in names:
+        raise WorkloadError(
+            f"{where}: tool_choice names {choice['function']['name']!r}, which is not in tools"
+        )
+    for what, schema_ in schemas:
+        try:
+            jsonschema.validators.validator_for(
+                schema_, default=jsonschema.Draft202012Validator
+            ).check_schema(schema_)
+        except jsonschema.exceptions.SchemaError as exc:
+            raise WorkloadError(f"{where}: {what}: not a JSON schema: {exc.message}") from None
+    return Variant(
+        name=spec["name"],
+        instruction=spec["instruction"],
+        weight=float(spec.get("weight", 1.0)),
+        response_format=rf,
+        tools=tools,
+        tool_choice=choice,
     )

@@ -1,6 +1,7 @@
 """`kvpilot bench` against live `kvpilot serve` processes on a tiny model (127.0.0.1): a short
 mixed run whose counts add up, cancellations that the server really aborts, 429s counted as
-rejections and never as latencies, Ctrl-C that still reports, compare and sweep end to end."""
+rejections and never as latencies, Ctrl-C that still reports, compare and sweep end to end, and
+the structured preset's validity figures."""
 
 import json
 import signal
@@ -199,3 +200,27 @@ def test_sweep_finds_a_rate_and_recommends_targets(small_server, tmp_path):
     assert "rate 1 req/s: sent " in done.stderr  # one line per step while it runs
     with Image.open(tmp_path / "s.png") as image:
         assert image.format == "PNG"
+
+
+def test_structured_preset_reports_its_figures(tiny_server, tmp_path):
+    """The preset's requests (response_format, tools, tool_choice) against a live server: the
+    report has the structured figures and they add up. How many answers are valid depends on
+    the server honouring the fields (a random tiny model does not write JSON by itself), so
+    the share is not asserted."""
+    json_out = tmp_path / "s.json"
+    done, doc = _bench(
+        "--url", tiny_server, "--workload", "structured", "--requests", "8", "--rate", "8",
+        "--json-out", str(json_out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    validate(doc)
+    (run,) = doc["runs"]
+    totals, figures = run["totals"], run["totals"]["structured"]
+    assert totals["sent"] == figures["sent"] == 8 and _adds_up(totals)
+    assert figures["checked"] == totals["ok"]  # every completed answer was checked
+    assert figures["valid"] + sum(figures["failures"].values()) == figures["checked"]
+    assert sum(v["sent"] for v in figures["variants"].values()) == 8
+    for summary in run["classes"].values():
+        assert summary["structured"]["sent"] == summary["sent"]
+    assert all(r["structured"]["variant"] for r in run["requests"])
+    assert "valid share" in done.stdout

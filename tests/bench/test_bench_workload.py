@@ -48,7 +48,7 @@ def _spec(**changes):
 
 
 def test_presets_validate():
-    assert presets() == ["chat", "mixed", "summarize"]
+    assert presets() == ["chat", "mixed", "structured", "summarize"]
     for name in presets():
         workload = load(name)
         assert workload.name == name and workload.classes
