@@ -22,6 +22,10 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None  # Lark or GBNF
     lark: str | None = None
+    # Reasoning models: the constraint holds after the thinking, which goes between these
+    # tags (start, end) unconstrained; opened: the prompt already wrote the start tag.
+    reasoning: tuple[str, str] | None = None
+    reasoning_opened: bool = False
     # The request field it came from, for errors (compiling happens later, elsewhere).
     source: str = field(default="structured_outputs", compare=False)
     # The engine's compiled grammar, set once (engine/structured/grammar.py); every choice of a
@@ -46,7 +50,8 @@ class StructuredOutputsParams:
         if self.kind == "json" and isinstance(value, str):
             with contextlib.suppress(ValueError):  # compiling reports it
                 value = json.loads(value)
-        text = json.dumps([self.kind, value], sort_keys=True, separators=(",", ":"))
+        shape = [self.kind, value, self.reasoning, self.reasoning_opened]
+        text = json.dumps(shape, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -21,6 +21,7 @@ from kvpilot_common.http.auth import ApiKeyMiddleware
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
 from kvpilot_server.api.admission import Admission
+from kvpilot_server.api.assistant import chat_shape, chat_template
 from kvpilot_server.api.completions import CLIENT_CLOSED, Completions
 from kvpilot_server.api.fields import (
     REFUSED_CHAT,
@@ -38,6 +39,7 @@ from kvpilot_server.api.protocol import (
     TokenizeRequest,
 )
 from kvpilot_server.api.request_scope import RequestScope
+from kvpilot_server.api.tools.grammar import tools_grammar
 from kvpilot_server.engine.runtime.async_engine import AsyncEngine
 
 TRUNCATED_HEADER = "X-KVPilot-Dropped-Messages"
@@ -55,6 +57,7 @@ class ServerSettings:
     request_timeout: float | None = None  # seconds; a ceiling on a request's own `timeout`
     context_overflow: ContextOverflow = "reject"
     body_timeout: float | None = 30.0  # seconds without body data before a 408
+    tool_call_parser: str = "auto"  # a tools.FORMATS name, or auto: from the chat template
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
@@ -65,6 +68,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
     metrics = ServerMetrics(engine, name, admission)
     completions_api = Completions(engine, admission, metrics, name)
     inputs = engine.inputs
+    template = chat_template(inputs.tokenizer.chat_template, settings.tool_call_parser)
 
     async def parse(request: Request, model: type[M]) -> M:
         body = await read_body(request, settings.body_timeout)
@@ -76,12 +80,24 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
     async def chat(request: Request) -> Response:
         parsed = await parse(request, ChatCompletionRequest)
         headers = ignored_header(check_extras(parsed, REFUSED_CHAT))
-        messages = [m.model_dump() for m in parsed.messages]
+        plan = parsed.tool_plan()
+        messages, tools = template.prompt_messages(parsed.template_messages(), plan)
         policy, room = settings.context_overflow, parsed.requested_tokens
-        prompt, dropped = await engine.process(chat_prompt, inputs, messages, room, policy)
+        prompt, dropped = await engine.process(chat_prompt, inputs, messages, room, policy, tools)
         if dropped is not None:
             headers[TRUNCATED_HEADER] = str(dropped)
-        return await completions_api.serve(request, parsed, prompt, chat=True, headers=headers)
+        shape = chat_shape(template, plan, inputs.tokenizer.decode(prompt[-8:]))
+        reasoning = template.reasoning
+        parsed.constrain(
+            tools_grammar(shape.tools, plan.offered, plan.forced, plan.parallel)
+            if plan is not None and shape.tools is not None
+            else None,
+            (reasoning.start, reasoning.end) if reasoning is not None else None,
+            shape.opened,
+        )
+        return await completions_api.serve(
+            request, parsed, prompt, chat=True, headers=headers, shape=shape
+        )
 
     async def completions(request: Request) -> Response:
         parsed = await parse(request, CompletionRequest)
@@ -92,7 +108,8 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
     def tokenized(parsed: TokenizeRequest) -> JSONResponse:
         """On a worker thread: a long prompt's JSON answer is large to render too."""
         if parsed.messages is not None:
-            ids = inputs.chat([m.model_dump() for m in parsed.messages])
+            messages = [m.template_message(f"messages.{i}") for i, m in enumerate(parsed.messages)]
+            ids = inputs.chat(*template.prompt_messages(messages, None))
         else:
             ids = inputs.tokenizer(parsed.prompt or "").input_ids
         limit = engine.max_model_len

@@ -23,6 +23,7 @@ from kvpilot_common.http.errors import from_exception
 from kvpilot_server.api import responses
 from kvpilot_server.api.access_log import log_request
 from kvpilot_server.api.admission import Admission
+from kvpilot_server.api.assistant import ChatShape
 from kvpilot_server.api.fanout import merge
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import SamplingFields
@@ -49,6 +50,7 @@ class Completions:
         prompt: list[int],
         chat: bool,
         headers: dict[str, str] | None = None,
+        shape: ChatShape | None = None,
     ) -> Response:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         outputs: list[RequestOutput | None] = [None] * parsed.n
@@ -82,7 +84,9 @@ class Completions:
             rejected = isinstance(exc, InvalidRequestError | OverloadedError)
             done(response.status_code, names.OUTCOME_REJECTED if rejected else names.OUTCOME_ERROR)
             return response
-        envelope = responses.Envelope(request_id, self.model, chat)
+        if shape is not None:
+            shape = dataclasses.replace(shape, request_id=request_id)
+        envelope = responses.Envelope(request_id, self.model, chat, shape)
         to_logprobs = responses.chat_logprobs if chat else responses.completion_logprobs
         wants_logprobs = params[0].logprobs is not None
 
@@ -198,7 +202,8 @@ async def _sse(
             opening = index not in opened
             if output.outputs[0].delta_text or output.finished or opening:
                 opened.add(index)
-                yield event(envelope.chunk(index, output, logprobs(samples), opening))
+                for body in envelope.chunks(index, output, logprobs(samples), opening):
+                    yield event(body)
             item = await anext(rest, None)
     except Exception as exc:  # mid-stream failure: say so in the stream, in OpenAI's shape
         done(200, names.OUTCOME_ERROR)

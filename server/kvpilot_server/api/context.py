@@ -6,8 +6,9 @@ starts at a user message, because many chat templates reject one that opens with
 
 import bisect
 from collections.abc import Callable
+from typing import Any
 
-Message = dict[str, str]
+Message = dict[str, Any]
 
 
 def drop_oldest_turns(

@@ -2,13 +2,14 @@
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from kvpilot_common.errors import InvalidRequestError
+from kvpilot_server.api.chat import ChatMessage, ToolFields
 from kvpilot_server.api.structured import StructuredFields
 from kvpilot_server.engine.runtime.sequence import Priority
-from kvpilot_server.sampling_params import SamplingParams
+from kvpilot_server.sampling_params import SamplingParams, StructuredOutputsParams
 
 PositiveInt = Annotated[int, Field(ge=1)]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
@@ -130,16 +131,42 @@ class SamplingFields(Body, StructuredFields):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatMessage(Body):
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ToolFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # Set by the route once the prompt is known (constrain()).
+    _tools_grammar: str | None = PrivateAttr(None)
+    _reasoning: tuple[str, str] | None = PrivateAttr(None)
+    _reasoning_opened: bool = PrivateAttr(False)
+
+    def template_messages(self) -> list[dict]:
+        return [m.template_message(f"messages.{i}") for i, m in enumerate(self.messages)]
+
+    def constrain(
+        self, tools_grammar: str | None, reasoning: tuple[str, str] | None, opened: bool
+    ) -> None:
+        """What the model's template adds to the constraint: a tool-call grammar, and thinking
+        before the answer that the constraint must leave free."""
+        self._tools_grammar, self._reasoning, self._reasoning_opened = (
+            tools_grammar,
+            reasoning,
+            opened,
+        )
+
+    def structured_spec(self) -> StructuredOutputsParams | None:
+        spec = super().structured_spec()
+        if self._tools_grammar is not None:
+            if spec is not None:
+                raise InvalidRequestError(
+                    f"tool calls cannot be combined with {spec.source} in one request",
+                    spec.source,
+                )
+            spec = StructuredOutputsParams(lark=self._tools_grammar, source="tools")
+        if spec is not None and self._reasoning is not None:
+            spec.reasoning, spec.reasoning_opened = self._reasoning, self._reasoning_opened
+        return spec
 
     def engine_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:

@@ -5,6 +5,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from kvpilot_server.api.assistant import ChatShape
 from kvpilot_server.outputs import RequestOutput, Sample
 
 
@@ -56,10 +57,14 @@ def completion_logprobs(samples: list[Sample], tok: PreTrainedTokenizerBase) -> 
 
 
 class Envelope:
-    """The id/created/model fields every body of one response shares."""
+    """The id/created/model fields every body of one response shares; for chat, the shape that
+    reads tool calls and reasoning out of the text."""
 
-    def __init__(self, request_id: str, model: str, chat: bool) -> None:
+    def __init__(
+        self, request_id: str, model: str, chat: bool, shape: ChatShape | None = None
+    ) -> None:
         self.id, self.model, self.chat, self.created = request_id, model, chat, int(time.time())
+        self.shape = shape or ChatShape(request_id, None, None)
 
     def body(self, obj: str, choices: list[dict], **extra: Any) -> dict[str, Any]:
         return {
@@ -77,25 +82,46 @@ class Envelope:
             choice = {"index": index, "logprobs": lp, "finish_reason": finish_reason(output)}
             text = output.outputs[0].text
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                choice["message"], called = self.shape.message(index, text)
+                if called and choice["finish_reason"] == "stop":
+                    choice["finish_reason"] = "tool_calls"
             else:
                 choice["text"] = text
             choices.append(choice)
         obj = "chat.completion" if self.chat else "text_completion"
         return self.body(obj, choices, usage=usage(outputs))
 
-    def chunk(
+    def chunks(
         self, index: int, output: RequestOutput, logprobs: dict | None, first: bool = False
-    ) -> dict[str, Any]:
-        """The delta one engine output adds to choice `index`."""
+    ) -> list[dict[str, Any]]:
+        """The chunks one engine output adds to choice `index`: one, or for chat as many as
+        the text holds kinds of delta (content, reasoning, each call's start and arguments);
+        the logprobs ride on the first, the finish reason on the last."""
         text = output.outputs[0].delta_text
         reason = finish_reason(output) if output.finished else None
-        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": reason}
-        if self.chat:
-            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
-            return self.body("chat.completion.chunk", [choice])
-        choice["text"] = text
-        return self.body("text_completion", [choice])
+        if not self.chat:
+            choice = {"index": index, "logprobs": logprobs, "finish_reason": reason, "text": text}
+            return [self.body("text_completion", [choice])]
+        deltas = self.shape.deltas(index, text, output.finished)
+        if not deltas:  # text held back (a marker may be starting): only role or end to send
+            if not (first or output.finished or logprobs):
+                return []
+            deltas = [{"content": ""}]
+        if first:
+            deltas[0] = {"role": "assistant", **deltas[0]}
+        if reason == "stop" and self.shape.called(index):
+            reason = "tool_calls"
+        bodies = []
+        for i, delta in enumerate(deltas):
+            last = i == len(deltas) - 1
+            choice = {
+                "index": index,
+                "logprobs": logprobs if i == 0 else None,
+                "finish_reason": reason if last else None,
+                "delta": delta,
+            }
+            bodies.append(self.body("chat.completion.chunk", [choice]))
+        return bodies
 
     def usage_chunk(self, outputs: list[RequestOutput]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

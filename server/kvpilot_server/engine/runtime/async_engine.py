@@ -160,6 +160,8 @@ class AsyncEngine:
                 item = await outputs.get()
                 if isinstance(item, BaseException):
                     raise item
+                if isinstance(item.error, InvalidRequestError):  # the request's own fault: a 400
+                    raise item.error
                 if item.error is not None:
                     raise RequestFailedError(f"Request {request_id} failed: {item.error}")
                 finished = item.finished

@@ -6,6 +6,7 @@ and decoding only read it, and its Rust core releases the GIL while it works.
 """
 
 import math
+from typing import Any
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
@@ -13,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 from kvpilot_common.errors import ContextOverflowError, InvalidRequestError
 from kvpilot_server.sampling_params import SamplingParams
 
-Message = dict[str, str]
+Message = dict[str, Any]
 
 
 class InputProcessor:
@@ -25,11 +26,12 @@ class InputProcessor:
         # one character per byte), so a text of L characters has at least L / this many tokens.
         self.max_token_chars = max(len(t) for t in tokenizer.get_vocab())
 
-    def chat(self, messages: list[Message]) -> list[int]:
-        """Token ids of a conversation in the model's own chat template, ready to generate."""
+    def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of a conversation in the model's own chat template, ready to generate
+        (tools: OpenAI tool entries, for a template that renders them)."""
         try:
             encoded = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True
             )
         except TemplateError as exc:  # templates raise on what they do not accept (role order)
             raise InvalidRequestError(f"The chat template rejected the messages: {exc}") from exc

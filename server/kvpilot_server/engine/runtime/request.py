@@ -7,6 +7,7 @@ import llguidance
 
 from kvpilot_server.engine.runtime.detokenizer import Detokenizer
 from kvpilot_server.engine.runtime.sequence import Sequence
+from kvpilot_server.engine.structured.grammar import UnsatisfiableError
 from kvpilot_server.outputs import CompletionOutput, RequestMetrics, RequestOutput, Sample
 
 
@@ -45,7 +46,7 @@ class Request:
         self.delta_text += self.detokenizer.add(sample.token_id)
         token, done_min = sample.token_id, seq.num_output_tokens >= params.min_tokens
         if self.matcher is not None and not self.matcher.consume_token(token):
-            raise RuntimeError(f"structured output failed: {self.matcher.get_error()}")
+            raise UnsatisfiableError(self.matcher.get_error())
         if self.detokenizer.stop_reason is not None:
             self.finish("stop", self.detokenizer.stop_reason)
         elif done_min and not params.ignore_eos and token in self.eos_token_ids:

@@ -12,6 +12,7 @@ read and write that form, and a random or weak model cannot loop on whitespace f
 """
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -37,6 +38,19 @@ _JSON_STYLE: dict[str, Any] = {
 }
 # llguidance's own defaults, except that error texts do not echo parser state to the client.
 _LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+
+
+class UnsatisfiableError(InvalidRequestError):
+    """The model's tokens cannot continue the constrained output (a character its vocabulary
+    cannot write, say). Known only while generating: the request fails with this 400-class
+    error, before its first token as a 400, later as an error in its stream."""
+
+    def __init__(self, detail: str) -> None:
+        first_line = detail.strip().splitlines()[0] if detail.strip() else "no token fits"
+        super().__init__(
+            f"The output constraint cannot be met with this model's vocabulary: {first_line}",
+            "structured_outputs",
+        )
 
 
 @dataclass(frozen=True)
@@ -117,6 +131,32 @@ _NAMES = {
 
 def grammar_text(spec: StructuredOutputsParams) -> str:
     """The llguidance grammar for a spec; InvalidRequestError for one too large or malformed."""
+    text = _answer_grammar(spec)
+    return text if spec.reasoning is None else _after_reasoning(text, *spec.reasoning, spec)
+
+
+def _after_reasoning(answer: str, start: str, end: str, spec: StructuredOutputsParams) -> str:
+    """The answer's grammar behind free reasoning text: the thinking is the model's own, the
+    constraint holds from its end tag on. One lexeme for the whole reasoning block, which ends
+    at the first end tag (lazy rules would let it end early at a token boundary)."""
+    head = "" if spec.reasoning_opened else _rx(start)
+    block = f"{head}(.|\\n)*{_rx(end)}"
+    rule = f"/{block}[ \\t\\n]*/ & ~/{block}(.|\\n)*{_rx(end)}(.|\\n)*/"
+    optional = "" if spec.reasoning_opened else "?"
+    main = f"start: THINK{optional} @answer\nTHINK: {rule}\n"
+    entries = json.loads(answer)["grammars"] if answer.lstrip().startswith("{") else None
+    if entries is None:
+        entries = [{"lark_grammar": answer}]
+    entries[0]["name"] = "answer"
+    return json.dumps({"grammars": [{"name": "main", "lark_grammar": main}, *entries]})
+
+
+def _rx(text: str) -> str:
+    """text as a literal inside a Lark /regex/."""
+    return re.escape(text).replace("/", "\\/")
+
+
+def _answer_grammar(spec: StructuredOutputsParams) -> str:
     kind = spec.kind
     value = getattr(spec, kind)
     size = len(value) if isinstance(value, str) else len(json.dumps(value))

@@ -11,6 +11,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import llguidance
 import torch
 
+from kvpilot_server.engine.structured.grammar import UnsatisfiableError
+
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
@@ -27,7 +29,7 @@ class StepMasks:
         picked, sources = [], []
         for i, seq_id in enumerate(seq_ids):
             if seq_id in self.errors:
-                failed[i] = RuntimeError(f"structured output failed: {self.errors[seq_id]}")
+                failed[i] = UnsatisfiableError(self.errors[seq_id])
             elif seq_id in self.rows:
                 picked.append(i)
                 sources.append(self.rows[seq_id])
