@@ -7,6 +7,10 @@ from kvpilot_common.http.limits import add_http_limit_args
 from kvpilot_common.naming import PORT
 from kvpilot_server.engine_args import add_engine_args
 
+# The names of api/tools/formats.FORMATS (kept equal by tests/server/api/tools): this module is
+# read before the server's dependencies are known to be installed.
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
+
 
 def add_generate_args(generate: argparse.ArgumentParser) -> None:
     generate.add_argument("prompts", nargs="*", help="prompt strings")
@@ -48,6 +52,13 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
         default="reject",
         help="a chat longer than the context: reject with 400, or drop the oldest non-system "
         "turns until it fits (response header X-KVPilot-Dropped-Messages says how many)",
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        choices=["auto", *TOOL_CALL_PARSERS],
+        default="auto",
+        help="how the model writes tool calls: auto reads it from the chat template "
+        "(hermes when the template has no tool support; docs/structured-outputs.md)",
     )
     serve.add_argument(
         "--drain-timeout",

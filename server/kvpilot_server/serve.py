@@ -49,6 +49,7 @@ def _serve(args: argparse.Namespace, engine, model: str, keys: list[str]) -> int
         request_timeout=args.request_timeout,
         context_overflow=args.context_overflow,
         body_timeout=args.body_timeout,
+        tool_call_parser=args.tool_call_parser,
     )
     app = build_app(engine, settings)
     config = http_config(app, args)

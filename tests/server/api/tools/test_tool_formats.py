@@ -111,3 +111,9 @@ def test_reasoning_tags_are_detected_from_the_template():
 )
 def test_tool_support_is_the_template_reading_a_tools_variable(template, supports):
     assert template_supports_tools(template) is supports
+
+
+def test_the_cli_knows_every_format():
+    from kvpilot_server.commands import TOOL_CALL_PARSERS
+
+    assert set(TOOL_CALL_PARSERS) == set(FORMATS)
