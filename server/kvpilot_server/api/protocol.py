@@ -77,7 +77,6 @@ class SamplingFields(Body, StructuredFields):
     seed: int | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     top_k: int = -1
