@@ -1,0 +1,76 @@
+"""A reasoning model's answer: its template opens `<think>` in the prompt, the thinking goes to
+reasoning_content, and a JSON schema holds on what follows `</think>`, not on the thinking."""
+
+import json
+import shutil
+
+import jsonschema
+import pytest
+from openai import OpenAI
+from transformers import AutoTokenizer
+
+from kvpilot_testing.live_server import start_tiny_server, stop_server
+from kvpilot_testing.schemas import SCHEMAS
+
+SCHEMA = SCHEMAS["person"]
+
+
+@pytest.fixture(scope="module")
+def thinking_model(small_vocab_dir, tmp_path_factory):
+    """The small tiny Llama with a template that opens the thinking, as DeepSeek-R1's does."""
+    target = tmp_path_factory.mktemp("thinking") / "model"
+    shutil.copytree(small_vocab_dir("llama"), target)
+    template = target / "chat_template.jinja"
+    text = template.read_text()
+    opening = "{{ '<|im_start|>assistant\n' }}"
+    assert opening in text
+    template.write_text(text.replace(opening, "{{ '<|im_start|>assistant\n<think>\n' }}"))
+    return target
+
+
+@pytest.fixture(scope="module")
+def client(thinking_model):
+    proc, base = start_tiny_server(thinking_model, "--max-model-len", "1024")
+    yield OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    stop_server(proc)
+
+
+def test_schema_holds_after_the_thinking(client, thinking_model):
+    tokenizer = AutoTokenizer.from_pretrained(thinking_model)
+    # Push the random model towards closing its thinking soon; the mask keeps these tokens
+    # out of the JSON once it has.
+    bias = {str(t): 6.0 for t in tokenizer("</think>").input_ids}
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Who is it?"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}},
+        logit_bias=bias,
+        n=8,
+        temperature=1.0,
+        seed=7,
+        max_tokens=300,
+    )
+    finished = [c for c in out.choices if c.finish_reason == "stop"]
+    assert finished
+    assert any(c.message.model_dump()["reasoning_content"] for c in finished)
+    for choice in finished:
+        message = choice.message.model_dump()
+        assert "</think>" not in (message["reasoning_content"] or "")
+        jsonschema.validate(json.loads(message["content"]), SCHEMA)
+
+
+def test_streamed_reasoning_equals_whole(client):
+    kwargs = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Think."}],
+        "temperature": 0,
+        "max_tokens": 40,
+    }
+    whole = client.chat.completions.create(**kwargs).choices[0].message.model_dump()
+    reasoning, content = "", ""
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        delta = chunk.choices[0].delta.model_dump() if chunk.choices else {}
+        reasoning += delta.get("reasoning_content") or ""
+        content += delta.get("content") or ""
+    assert whole["reasoning_content"] and reasoning == whole["reasoning_content"]
+    assert content == (whole["content"] or "")
