@@ -6,6 +6,7 @@ import json
 import time
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from openai import OpenAI
@@ -58,6 +59,50 @@ def test_keys_are_checked_and_a_qualified_name_reaches_the_replica(live):
     assert answer.choices[0].message.content
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="other-namespace/chat", prompt="x", max_tokens=1)
+    _structured_requests_pass_unchanged(client)
+
+
+def _structured_requests_pass_unchanged(client: OpenAI) -> None:
+    """Constraints and tools reach the replica as sent, and their answers come back whole."""
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"enum": ["Paris", "Rome"]}, "sure": {"type": "boolean"}},
+        "required": ["capital", "sure"],
+        "additionalProperties": False,
+    }
+    answer = client.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "The capital of France, as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+        max_tokens=80,
+        temperature=0,
+    )
+    # A random model may spell the JSON a character per token: only a finished one is whole.
+    assert answer.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(answer.choices[0].message.content), schema)
+    # Small: the tools prompt must fit the replica's 256-token context.
+    parameters = {"type": "object", "properties": {"c": {"enum": ["P", "R"]}}, "required": ["c"]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    kwargs = {
+        "model": "chat",
+        "messages": [{"role": "user", "content": "Capital of France?"}],
+        "tools": [tool],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": 32,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    call = whole.message.tool_calls[0]
+    if whole.finish_reason == "tool_calls":
+        jsonschema.validate(json.loads(call.function.arguments), parameters)
+    streamed = ""
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            streamed += delta.function.arguments or "" if delta.function else ""
+    assert streamed == call.function.arguments
+    with pytest.raises(openai.BadRequestError, match="guided_regex"):
+        client.chat.completions.create(**kwargs, extra_body={"guided_regex": "(a"})
 
 
 def test_a_client_that_leaves_aborts_the_upstream_request(live):
