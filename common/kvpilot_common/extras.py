@@ -21,6 +21,7 @@ SERVER_MODULES = (
     "pydantic",
     "pydantic_core",
     "prometheus_client",
+    "llguidance",
 )
 # What operator/kvpilot_operator imports beyond the standard library, with the kvpilot_common
 # modules it uses.
