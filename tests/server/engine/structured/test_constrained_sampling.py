@@ -2,6 +2,7 @@
 finishes with `stop` matches its constraint. A random model is the hard case: it has no wish
 to write JSON, so only the masks make it."""
 
+import dataclasses
 import json
 import re
 import time
@@ -85,3 +86,39 @@ def test_regex_and_choice_samples_match(llm, ids):
     outs = llm.generate([ids[i : i + 9] for i in range(40)], params, use_tqdm=False)
     assert all(o.outputs[0].text in choices for o in outs), [o.outputs[0] for o in outs]
     assert all(o.outputs[0].finish_reason == "stop" for o in outs)
+
+
+def test_preemption_and_chunked_prefill_change_no_constrained_token(small_vocab_dir, ids):
+    """A preempted sequence keeps its tokens and so its grammar state: greedy constrained
+    outputs under a KV cache too small for the batch, with prompts prefilled in chunks, equal
+    those of an engine with room for everything."""
+    path = str(small_vocab_dir("llama"))
+    schemas = list(SCHEMAS.values())[:12]
+    prompts = [ids[i * 7 : i * 7 + 40 + i] for i in range(len(schemas))]
+    params = [
+        SamplingParams(
+            max_tokens=48, temperature=0.0, structured_outputs=StructuredOutputsParams(json=s)
+        )
+        for s in schemas
+    ]
+    roomy = LLM(path, kv_cache_bytes=16 * MiB)
+    expected = [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
+    # Room for about 300 tokens of 12 x ~85: sequences preempt each other; 24-token chunks.
+    cramped = LLM(
+        path, kv_cache_bytes=_bytes_for(path, 320), max_model_len=256, max_num_batched_tokens=24
+    )
+    fresh = [
+        dataclasses.replace(p, structured_outputs=StructuredOutputsParams(json=s))
+        for p, s in zip(params, schemas, strict=True)
+    ]
+    got = [o.outputs[0].token_ids for o in cramped.generate(prompts, fresh, use_tqdm=False)]
+    assert cramped.engine.scheduler.num_preemptions > 0
+    assert got == expected
+
+
+def _bytes_for(path: str, tokens: int) -> int:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4 * tokens
