@@ -83,7 +83,10 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         plan = parsed.tool_plan()
         messages, tools = template.prompt_messages(parsed.template_messages(), plan)
         policy, room = settings.context_overflow, parsed.requested_tokens
-        prompt, dropped = await engine.process(chat_prompt, inputs, messages, room, policy, tools)
+        variables = parsed.template_kwargs()
+        prompt, dropped = await engine.process(
+            chat_prompt, inputs, messages, room, policy, tools, variables
+        )
         if dropped is not None:
             headers[TRUNCATED_HEADER] = str(dropped)
         shape = chat_shape(template, plan, inputs.tokenizer.decode(prompt[-8:]))

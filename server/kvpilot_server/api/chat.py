@@ -118,8 +118,25 @@ class ToolPlan:
         return [{"type": "function", "function": f} for f in self.functions]
 
 
+# Variables a request may not set in the template: the ones the server itself passes.
+_RESERVED = {"messages", "tools", "add_generation_prompt", "tokenize", "return_dict", "documents"}
+
+
 class ToolFields(BaseModel):
     """Mixed into the chat request (protocol.py)."""
+
+    # vLLM's extra: variables for the chat template, e.g. {"enable_thinking": false} (Qwen3).
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_kwargs(self) -> dict[str, Any]:
+        kwargs = self.chat_template_kwargs or {}
+        bad = [k for k in kwargs if not k.isidentifier() or k in _RESERVED]
+        if bad:
+            raise InvalidRequestError(
+                f"chat_template_kwargs may not set {', '.join(map(repr, bad))}",
+                "chat_template_kwargs",
+            )
+        return kwargs
 
     tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

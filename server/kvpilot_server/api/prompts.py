@@ -16,22 +16,23 @@ def chat_prompt(
     room: int | None,
     policy: ContextOverflow,
     tools: list[dict[str, Any]] | None = None,
+    variables: dict[str, Any] | None = None,
 ) -> tuple[list[int], int | None]:
     """The conversation's token ids under the context policy, and how many messages it dropped
     (None: the policy never drops any). tools: for a template that renders them."""
     if policy == "reject":
         inputs.check_length(_chars(messages), room)
-        return inputs.chat(messages, tools), None
+        return inputs.chat(messages, tools, variables), None
     need = room or 1
 
     def fits(kept: list[Message]) -> bool:
         if inputs.min_tokens(_chars(kept)) + need > inputs.max_model_len:
             return False
-        return len(inputs.chat(kept, tools)) + need <= inputs.max_model_len
+        return len(inputs.chat(kept, tools, variables)) + need <= inputs.max_model_len
 
     kept, dropped = drop_oldest_turns(messages, fits)
     inputs.check_length(_chars(kept), room)  # a last turn too long on its own
-    return inputs.chat(kept, tools), dropped
+    return inputs.chat(kept, tools, variables), dropped
 
 
 def text_prompt(

@@ -26,12 +26,23 @@ class InputProcessor:
         # one character per byte), so a text of L characters has at least L / this many tokens.
         self.max_token_chars = max(len(t) for t in tokenizer.get_vocab())
 
-    def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def chat(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        variables: dict[str, Any] | None = None,
+    ) -> list[int]:
         """Token ids of a conversation in the model's own chat template, ready to generate
-        (tools: OpenAI tool entries, for a template that renders them)."""
+        (tools: OpenAI tool entries, for a template that renders them; variables: more of the
+        template's own, such as enable_thinking)."""
         try:
             encoded = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True
+                messages,
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+                **(variables or {}),
             )
         except TemplateError as exc:  # templates raise on what they do not accept (role order)
             raise InvalidRequestError(f"The chat template rejected the messages: {exc}") from exc

@@ -5,6 +5,7 @@ import json
 import shutil
 
 import jsonschema
+import openai
 import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
@@ -24,7 +25,8 @@ def thinking_model(small_vocab_dir, tmp_path_factory):
     text = template.read_text()
     opening = "{{ '<|im_start|>assistant\n' }}"
     assert opening in text
-    template.write_text(text.replace(opening, "{{ '<|im_start|>assistant\n<think>\n' }}"))
+    thinking = "{% if enable_thinking is not defined or enable_thinking %}<think>\n{% endif %}"
+    template.write_text(text.replace(opening, opening + thinking))
     return target
 
 
@@ -74,3 +76,23 @@ def test_streamed_reasoning_equals_whole(client):
         content += delta.get("content") or ""
     assert whole["reasoning_content"] and reasoning == whole["reasoning_content"]
     assert content == (whole["content"] or "")
+
+
+def test_template_variables_turn_thinking_off(client):
+    kwargs = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Think."}],
+        "temperature": 0,
+        "max_tokens": 20,
+    }
+    thinking = client.chat.completions.create(**kwargs)
+    plain = client.chat.completions.create(
+        **kwargs, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+    )
+    assert plain.usage.prompt_tokens < thinking.usage.prompt_tokens  # no "<think>" opened
+    assert thinking.choices[0].message.model_dump()["reasoning_content"]
+    assert plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(
+            **kwargs, extra_body={"chat_template_kwargs": {"messages": []}}
+        )
