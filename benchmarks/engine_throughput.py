@@ -11,8 +11,6 @@ the tokens each request asked for (EOS ignored, so both produce exactly that man
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import time
@@ -23,6 +21,7 @@ from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine.layers.half_matrices import amx_capable
 from kvpilot_testing import results
 from kvpilot_testing.corpus import CORPUS  # the same real text the tests slice prompts from
+from kvpilot_testing.machine import engine_machine
 
 MODEL = "builtin://smollm2-135m-instruct"
 
@@ -157,13 +156,7 @@ def main() -> None:
     bound_ms = weight_bytes / (bandwidth * 1e9) * 1000
     prompt = requests[0][0][:32]
     result = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "processor": platform.processor() or platform.machine(),
-            "torch": torch.__version__,
-            "amx": amx_capable(),
-        },
+        "machine": engine_machine(),
         "model": MODEL,
         "dtype": "float32",
         "workload": {

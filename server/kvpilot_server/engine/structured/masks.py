@@ -13,8 +13,6 @@ import torch
 
 from kvpilot_server.engine.structured.grammar import UnsatisfiableError
 
-_BITS = torch.arange(32, dtype=torch.int32)
-
 
 class StepMasks:
     """The masks of one step: a row of bits per constrained sequence (by seq_id)."""
@@ -33,17 +31,27 @@ class StepMasks:
             elif seq_id in self.rows:
                 picked.append(i)
                 sources.append(self.rows[seq_id])
-        if picked:
-            allowed = unpack(self.bitmask[sources], logits.shape[-1])
+        if len(picked) == logits.shape[0]:  # every row constrained: no gather and scatter
+            logits += biases(self.bitmask[sources], logits.shape[-1])
+        elif picked:
             index = torch.tensor(picked)
-            logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+            logits[index] += biases(self.bitmask[sources], logits.shape[-1])
         return failed
 
 
-def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 words of 32 token bits -> bool [rows, vocab_size]."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+# Each byte value's 8 token bits as additive biases: 0 where allowed, -inf where not. One table
+# lookup and one add: on CPU that beat shifting the bits out and masked_fill several times over.
+_BYTE_BIASES = torch.where(
+    ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool(), 0.0, float("-inf")
+)
+
+
+def biases(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 words of 32 token bits (token 32w + j is bit j of word w) -> float [rows,
+    vocab_size] of 0 / -inf. Read as bytes: little-endian, so byte k of word w holds tokens
+    32w + 8k ... 32w + 8k + 7, lowest bit first."""
+    rows = bitmask.shape[0]
+    return _BYTE_BIASES[bitmask.view(torch.uint8).long()].reshape(rows, -1)[:, :vocab_size]
 
 
 class MaskWorker:
