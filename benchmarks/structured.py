@@ -92,10 +92,10 @@ class Probe:
             probe._scheduled = schedule(scheduler)
             return probe._scheduled
 
-        def timed_compute(worker, matchers):
+        def timed_compute(worker, matchers, bitmask):
             began = time.perf_counter()
             try:
-                return compute(worker, matchers)
+                return compute(worker, matchers, bitmask)
             finally:  # list.append is atomic: this runs on the mask thread
                 probe.compute.append(time.perf_counter() - began)
                 probe.rows.append(len(matchers))
@@ -288,7 +288,7 @@ def compile_times(llm: LLM) -> dict:
         first_masks = []
         for matcher in (copied, grammar.matcher()):
             start = time.perf_counter()
-            masks.compute({0: matcher})
+            masks.start({0: matcher}).result()
             first_masks.append(time.perf_counter() - start)
         schemas[name] = {
             "first_ms": round(first * 1000, 2),

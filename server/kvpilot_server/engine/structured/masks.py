@@ -55,23 +55,30 @@ def biases(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 class MaskWorker:
-    """One thread beside the engine's: start() before the forward pass, result after it."""
+    """One thread beside the engine's: start() before the forward pass, result after it.
+
+    The thread runs no torch operation: torch's CPU ops on a second thread start a second
+    OpenMP team, whose spinning threads slow every step of the engine thread's own team. The
+    buffer is allocated by the caller, and the thread only calls into llguidance."""
 
     def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvpilot-masks")
         self._executor = llguidance.LLExecutor()
 
     def start(self, matchers: dict[int, llguidance.LLMatcher]) -> Future[StepMasks]:
-        return self._pool.submit(self.compute, matchers)
+        bitmask = torch.zeros((len(matchers), self.words), dtype=torch.int32)
+        return self._pool.submit(self.compute, matchers, bitmask)
 
-    def compute(self, matchers: dict[int, llguidance.LLMatcher]) -> StepMasks:
+    def compute(
+        self, matchers: dict[int, llguidance.LLMatcher], bitmask: torch.Tensor
+    ) -> StepMasks:
         # llguidance.torch is not imported: it compiles a kernel with torch.compile on import.
-        words = (self.vocab_size + 31) // 32
-        bitmask = torch.zeros((len(matchers), words), dtype=torch.int32)
         ordered = list(matchers.items())
         targets = [(matcher, i) for i, (_, matcher) in enumerate(ordered)]
-        self._executor.unsafe_compute_mask_ptr(targets, bitmask.data_ptr(), words * 4, len(ordered))
+        self._executor.unsafe_compute_mask_ptr(
+            targets, bitmask.data_ptr(), self.words * 4, len(ordered)
+        )
         rows, errors = {}, {}
         for i, (seq_id, matcher) in enumerate(ordered):
             if matcher.is_error():
