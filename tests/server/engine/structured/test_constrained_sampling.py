@@ -122,3 +122,18 @@ def _bytes_for(path: str, tokens: int) -> int:
     cfg = AutoConfig.from_pretrained(path)
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4 * tokens
+
+
+def test_logprobs_are_those_of_the_constrained_distribution(llm, ids):
+    """As vLLM: logprobs come after the mask, so every alternative reported is one the
+    constraint allows (the others have probability 0)."""
+    spec = StructuredOutputsParams(regex="[0-9]{3}")
+    params = SamplingParams(
+        max_tokens=8, temperature=1.0, seed=1, logprobs=5, structured_outputs=spec
+    )
+    out = llm.generate([ids[:12]], params, use_tqdm=False)[0].outputs[0]
+    assert re.fullmatch("[0-9]{3}", out.text)
+    for sample in out.logprobs:
+        assert sample.logprob > float("-inf")
+        finite = [t for t, logprob in sample.top_logprobs if logprob > float("-inf")]
+        assert finite and all(llm.tokenizer.decode([t]).isdigit() for t in finite)
