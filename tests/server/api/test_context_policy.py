@@ -132,9 +132,9 @@ def test_truncation_templates_about_one_context_not_the_whole_conversation(tiny_
     templated: list[int] = []
     real = inputs.chat
 
-    def counting(messages):
+    def counting(messages, *rest):
         templated.append(sum(len(m["content"]) for m in messages))
-        return real(messages)
+        return real(messages, *rest)
 
     inputs.chat = counting
     messages = _conversation(turns=5000)  # about a megabyte

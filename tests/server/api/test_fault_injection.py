@@ -66,8 +66,8 @@ STEPS = [
     ("admission", Admission, "waiting_if_admitted", _always),
     ("engine submit", LLMEngine, "add_request", _always),
     ("engine step", LLMEngine, "step", _on_call(3)),
-    ("first output", responses.Envelope, "chunk", _always),
-    ("streaming", responses.Envelope, "chunk", _on_call(4)),
+    ("first output", responses.Envelope, "chunks", _always),
+    ("streaming", responses.Envelope, "chunks", _on_call(4)),
     ("full response", responses.Envelope, "full", _always),
     ("accounting", ServerMetrics, "observe_finished", _always),
 ]
