@@ -11,6 +11,7 @@ HISTOGRAMS = {
     names.OPERATOR_RECONCILE_SECONDS,
     names.GATEWAY_HOLD_SECONDS,
     names.GATEWAY_UPSTREAM_SECONDS,
+    names.GRAMMAR_COMPILE_TIME,
 }
 # Every name metric_names declares (a counter's with its _total).
 NAMES = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
