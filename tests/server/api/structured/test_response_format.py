@@ -59,7 +59,7 @@ def test_parse_with_a_pydantic_model(small_client):
 )
 def test_json_schema_in_every_spelling(small_client, extra):
     out = small_client.chat.completions.create(
-        **_chat(), n=4, max_tokens=80, temperature=1.0, seed=3, extra_body=extra
+        **_chat(), n=4, max_tokens=160, temperature=1.0, seed=3, extra_body=extra
     )
     finished = [c for c in out.choices if c.finish_reason == "stop"]
     assert finished

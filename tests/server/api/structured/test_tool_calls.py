@@ -90,7 +90,7 @@ def test_named_function_is_the_one_called(small_client):
         n=4,
         temperature=1.0,
         seed=2,
-        max_tokens=60,
+        max_tokens=120,  # room even for a call spelled a character per token
     )
     for choice in out.choices:
         assert choice.finish_reason == "tool_calls"
@@ -162,7 +162,7 @@ def test_pydantic_function_tools_parse(small_client):
         tools=[openai.pydantic_function_tool(GetTime)],
         tool_choice="required",
         temperature=0,
-        max_tokens=60,
+        max_tokens=120,
     )
     call = out.choices[0].message.tool_calls[0]
     assert isinstance(call.function.parsed_arguments, GetTime)
