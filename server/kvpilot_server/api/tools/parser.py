@@ -13,31 +13,16 @@ from enum import Enum
 
 from kvpilot_server.api.tools.calls import CallSection, Outcome
 from kvpilot_server.api.tools.events import (
-    CallArguments,
-    CallStart,
     Content,
     Event,
     Message,
     Reasoning,
-    ToolCall,
     fold,
 )
 from kvpilot_server.api.tools.formats import BARE_JSON_TRIGGER, ReasoningFormat, ToolFormat
 from kvpilot_server.api.tools.matching import Marker
 
-__all__ = [
-    "CallArguments",
-    "CallStart",
-    "Content",
-    "Event",
-    "Message",
-    "MessageStream",
-    "Reasoning",
-    "ReasoningFormat",
-    "ToolCall",
-    "fold",
-    "parse",
-]
+__all__ = ["MessageStream", "parse"]
 
 
 class _Mode(Enum):
