@@ -184,17 +184,24 @@ class Architecture:
     fixed_qkv_bias: bool = False
     # Qwen3 normalizes each head's q and k (an RMSNorm of head_dim weights each) before rope.
     qk_norm: bool = False
+    # A mixture of experts: some or all layers route each token to top-k of many MLPs
+    # (engine/layers/moe.py); the config's expert fields say how many and how wide.
+    moe: bool = False
 
 
 # Keyed by the class name in config.json's "architectures", not by its "model_type": the class
 # is what the checkpoint's weights were saved from, so it fixes the layout, and it is the name
-# the engine refuses an unsupported checkpoint by. All share Llama's block layout.
+# the engine refuses an unsupported checkpoint by. All share Llama's attention block; the
+# mixtures of experts replace its MLP.
 ARCHITECTURES = MappingProxyType(
     {
         "LlamaForCausalLM": Architecture(),
         "MistralForCausalLM": Architecture(),
         "Qwen2ForCausalLM": Architecture(fixed_qkv_bias=True),
         "Qwen3ForCausalLM": Architecture(qk_norm=True),
+        "MixtralForCausalLM": Architecture(moe=True),
+        "Qwen2MoeForCausalLM": Architecture(fixed_qkv_bias=True, moe=True),
+        "Qwen3MoeForCausalLM": Architecture(qk_norm=True, moe=True),
     }
 )
 

@@ -27,6 +27,34 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     "mistral-window": ("MistralConfig", {"tie_word_embeddings": False, "sliding_window": 24}),
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}),
     "qwen3": ("Qwen3Config", {"tie_word_embeddings": True, "head_dim": 32}),
+    # Mixtures of experts: 8 experts, top-2, as the real ones route.
+    "mixtral": (
+        "MixtralConfig",
+        {"tie_word_embeddings": False, "num_local_experts": 8, "sliding_window": None},
+    ),
+    # A shared expert beside the routed ones; layer 0 kept dense (mlp_only_layers).
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        {
+            "tie_word_embeddings": False,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 96,
+            "mlp_only_layers": [0],
+        },
+    ),
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        {
+            "tie_word_embeddings": False,
+            "head_dim": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "norm_topk_prob": True,
+        },
+    ),
 }
 # For tensor parallelism (not in TINY_MODELS' every-test matrix): one KV head, fewer than two
 # ranks, so it is replicated; biases on every projection, drawn at random (transformers starts

@@ -26,7 +26,7 @@ from torch import nn
 from kvpilot_common import parallelism
 from kvpilot_common.errors import ConfigError
 from kvpilot_server.engine.distributed.group import TensorParallel
-from kvpilot_server.engine.layers.quant import quantize_int8
+from kvpilot_server.engine.layers.quant import decoder_linears, quantize_int8
 from kvpilot_server.engine.models.model_config import ModelConfig
 
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -36,21 +36,32 @@ _ROW = ("o_proj", "down_proj")
 def check(cfg: ModelConfig, size: int) -> None:
     """Refuse at start, in words, a size that cannot split this model."""
     why = parallelism.problem(cfg.num_heads, cfg.num_kv_heads, size)
-    if why is None and cfg.intermediate_size % size:
-        columns = cfg.intermediate_size
-        why = f"tensor parallel size {size} does not divide the MLP's {columns} columns"
+    widths = {"MLP's": cfg.intermediate_size}
+    if cfg.experts is not None:
+        widths["experts'"] = cfg.experts.width
+        widths["shared expert's"] = cfg.experts.shared_width
+    for what, columns in widths.items():
+        if why is None and columns % size:
+            why = f"tensor parallel size {size} does not divide the {what} {columns} columns"
     if why is not None:
         raise ConfigError(why)
 
 
 def local_config(cfg: ModelConfig, size: int) -> ModelConfig:
-    """The model one rank holds: a Llama with fewer heads and a narrower MLP, so the model, its
-    KV cache and the loader's fused offsets need no other change."""
+    """The model one rank holds: a Llama with fewer heads and a narrower MLP (narrower experts:
+    layers/moe.py says why a slice of each), so the model, its KV cache and the loader's fused
+    offsets need no other change."""
+    experts = cfg.experts
+    if experts is not None:
+        experts = dataclasses.replace(
+            experts, width=experts.width // size, shared_width=experts.shared_width // size
+        )
     return dataclasses.replace(
         cfg,
         num_heads=cfg.num_heads // size,
         num_kv_heads=parallelism.kv_heads_per_rank(cfg.num_kv_heads, size),
         intermediate_size=cfg.intermediate_size // size,
+        experts=experts,
     )
 
 
@@ -71,9 +82,7 @@ def shard(proj: str, leaf: str, tensor: torch.Tensor, cfg: ModelConfig, tp: Tens
 
 
 def row_parallel_linears(model: nn.Module) -> list[tuple[nn.Module, str]]:
-    return [(layer.self_attn, "o_proj") for layer in model.layers] + [
-        (layer.mlp, "down_proj") for layer in model.layers
-    ]
+    return [(owner, name) for owner, name in decoder_linears(model) if name in _ROW]
 
 
 def global_row_absmax(model: nn.Module, tp: TensorParallel) -> list[torch.Tensor]:

@@ -25,7 +25,7 @@ def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
     some part of the model is not one the stack runs. Build it once the weights are final."""
     cfg, kernel = model.cfg, cpu_kernels.load()
     weight = model.norm.weight
-    if kernel is None or model.tp.size != 1 or cfg.qk_norm:
+    if kernel is None or model.tp.size != 1 or cfg.qk_norm or cfg.experts is not None:
         return None
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return None

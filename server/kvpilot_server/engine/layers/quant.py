@@ -262,16 +262,11 @@ def quantize(
 
 def decoder_linears(model: nn.Module) -> list[tuple[nn.Module, str]]:
     """(owner, attribute) of every decoder linear layer: what quantization replaces."""
-    return [
-        (owner, name)
-        for layer in model.layers
-        for owner, name in [
-            (layer.self_attn, "qkv_proj"),
-            (layer.self_attn, "o_proj"),
-            (layer.mlp, "gate_up_proj"),
-            (layer.mlp, "down_proj"),
-        ]
-    ]
+    pairs = []
+    for layer in model.layers:
+        pairs += [(layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj")]
+        pairs += layer.mlp.linears()  # a dense MLP's two, or every expert's (layers/moe.py)
+    return pairs
 
 
 def _quantized(dense: nn.Linear, method: str, buffer: DenseBuffer, group: int) -> nn.Module:

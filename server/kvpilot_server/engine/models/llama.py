@@ -1,4 +1,5 @@
-"""Compact Llama-family model (Llama, Mistral, Qwen2, Qwen3) over a paged KV cache.
+"""Compact Llama-family model (Llama, Mistral, Qwen2, Qwen3) over a paged KV cache; the
+mixtures of experts (models/moe.py) are this model with another MLP.
 
 Input is one flattened step: every scheduled token of every sequence in a single row-major batch.
 q/k/v and gate/up projections are fused into one matmul each (fewer, larger GEMMs). Under tensor
@@ -7,33 +8,18 @@ each end in one all-reduce.
 """
 
 import functools
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvpilot_server.engine.distributed.group import SINGLE, TensorParallel
-from kvpilot_server.engine.kernels import cpu_kernels, decode_stack
+from kvpilot_server.engine.kernels import decode_stack
 from kvpilot_server.engine.layers.attention import AttentionMetadata, Workspace, paged_attention
 from kvpilot_server.engine.layers.direct import Direct
 from kvpilot_server.engine.layers.kv_cache import LayerCache
-from kvpilot_server.engine.layers.linear import linear
+from kvpilot_server.engine.layers.mlp import MLP, SILU_KERNEL_MAX_ROWS, Linear, layer_ops
 from kvpilot_server.engine.models.model_config import ModelConfig
-
-# Rows up to which the compiled silu(gate) * up wins: its exp is scalar, PyTorch's vectorized
-# (measured on SmolLM2's 2 x 1536: 1 row 1.5 vs 7 us, 16 rows 55 vs 18 us).
-SILU_KERNEL_MAX_ROWS = 4
-
-
-@functools.cache
-def _compiled_layer_ops() -> ModuleType | None:
-    return cpu_kernels.load()  # looked up once: reading the environment costs µs
-
-
-def _layer_ops(x: torch.Tensor) -> ModuleType | None:
-    """The compiled small ops, for float32 on CPU (None elsewhere: PyTorch's ops serve)."""
-    return _compiled_layer_ops() if x.is_cpu and x.dtype == torch.float32 else None
 
 
 class RMSNorm(Direct):
@@ -45,7 +31,7 @@ class RMSNorm(Direct):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """The norm of x; with a residual, (norm(residual + x), residual + x): a layer's
         residual add and the next norm in one call (the sum is written into `residual`)."""
-        ops = _layer_ops(x)
+        ops = layer_ops(x)
         if residual is not None:
             if ops is not None:  # x may be a transposed product (linear.py's split path)
                 return ops.add_rms_norm(x.contiguous(), residual, self.weight, self.eps), residual
@@ -63,17 +49,12 @@ class RMSNorm(Direct):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    ops = _layer_ops(x)
+    ops = layer_ops(x)
     if ops is not None and cos.is_contiguous() and sin.is_contiguous():
         return ops.rotate(x, cos, sin)  # the same arithmetic in one call
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
-
-
-class Linear(Direct, nn.Linear):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
 
 
 class Attention(Direct):
@@ -104,32 +85,15 @@ class Attention(Direct):
         return self.tp.all_reduce(self.o_proj(out.flatten(1)))
 
 
-class MLP(Direct):
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
-        super().__init__()
-        self.tp = tp
-        self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.intermediate, bias=cfg.mlp_bias)
-        bias = cfg.mlp_bias and tp.rank == 0
-        self.down_proj = Linear(self.intermediate, cfg.hidden_size, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        ops = _layer_ops(gate_up)
-        small = gate_up.shape[0] <= SILU_KERNEL_MAX_ROWS
-        if ops is not None and small and gate_up.dim() == 2 and gate_up.stride(1) == 1:
-            return self.tp.all_reduce(self.down_proj(ops.silu_mul(gate_up)))
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
-
-
 class DecoderLayer(Direct):
-    def __init__(self, cfg: ModelConfig, window: int | None, tp: TensorParallel) -> None:
+    def __init__(
+        self, cfg: ModelConfig, window: int | None, mlp: nn.Module, tp: TensorParallel
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, window, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.mlp = mlp
 
     def forward(self, x, residual, cos, sin, kv_cache, metas, ws):
         """(this layer's MLP output, the residual stream before it is added): each residual add
@@ -149,12 +113,24 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.tp = tp
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, w, tp) for w in cfg.layer_windows)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, window, self.build_mlp(cfg, index, tp), tp)
+            for index, window in enumerate(cfg.layer_windows)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.workspace = Workspace()
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def build_mlp(self, cfg: ModelConfig, index: int, tp: TensorParallel) -> nn.Module:
+        """Layer `index`'s MLP: a family with another kind (models/moe.py) overrides this."""
+        return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
+
+    @staticmethod
+    def checkpoint_name(name: str) -> str:
+        """A checkpoint tensor's name as this model spells it (the same, for Llama)."""
+        return name
 
     @functools.cached_property
     def stack(self):

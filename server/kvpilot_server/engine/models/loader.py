@@ -13,6 +13,7 @@ from kvpilot_server.engine.distributed.group import SINGLE, TensorParallel
 from kvpilot_server.engine.distributed.sharding import check, local_config, shard
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.model_config import ModelConfig
+from kvpilot_server.engine.models.moe import MoeForCausalLM
 
 
 def load_model(
@@ -22,8 +23,9 @@ def load_model(
     (engine/distributed/sharding.py): each rank reads the checkpoint and keeps only its slices."""
     cfg = ModelConfig.from_hf(load_hf_config(path))
     check(cfg, tp.size)
+    family = MoeForCausalLM if cfg.experts is not None else LlamaForCausalLM
     with torch.device("meta"):
-        model = LlamaForCausalLM(local_config(cfg, tp.size), tp)
+        model = family(local_config(cfg, tp.size), tp)
     model.to_empty(device=device)
     model.to(dtype)
     if cfg.tie_word_embeddings:
@@ -39,47 +41,47 @@ def load_hf_config(path: Path):
         raise ModelLoadError(f"Cannot read the model config in {path}: {exc}") from exc
 
 
-def _shards(cfg: ModelConfig) -> dict[str, tuple[str, int, int]]:
-    """HF projection name -> (fused parameter, row offset, rows)."""
-    q, kv, inter = (
-        cfg.num_heads * cfg.head_dim,
-        cfg.num_kv_heads * cfg.head_dim,
-        cfg.intermediate_size,
-    )
-    return {
-        "q_proj": ("qkv_proj", 0, q),
-        "k_proj": ("qkv_proj", q, kv),
-        "v_proj": ("qkv_proj", q + kv, kv),
-        "gate_proj": ("gate_up_proj", 0, inter),
-        "up_proj": ("gate_up_proj", inter, inter),
-    }
+_FUSED = ("qkv_proj", "gate_up_proj")
+
+
+def _slices(cfg: ModelConfig, module: str, param: torch.Tensor) -> dict[str, tuple[int, int]]:
+    """For a fused parameter (this rank's share): HF projection -> (row offset, rows).
+    gate_up's halves are read off its own shape: experts and shared experts each have their own
+    width."""
+    if module.endswith("gate_up_proj"):
+        half = param.shape[0] // 2
+        return {"gate_proj": (0, half), "up_proj": (half, half)}
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return {"q_proj": (0, q), "k_proj": (q, kv), "v_proj": (q + kv, kv)}
 
 
 def _fill(
     model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]], full: ModelConfig
 ) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
-    shards = _shards(model.cfg)
-    pending = {(name, 0) for name in params}
-    for name in list(params):
+    slices: dict[str, dict[str, tuple[int, int]]] = {}  # fused module -> its HF parts
+    pending = set()
+    for name, param in params.items():
         module, _, leaf = name.rpartition(".")
-        fused = [h for h, (p, _, _) in shards.items() if module.endswith(p)]
-        if fused:
-            pending.discard((name, 0))
-            pending |= {(name, shards[h][1]) for h in fused}
+        if module.endswith(_FUSED):
+            slices[module] = _slices(model.cfg, module, param)
+            pending |= {(name, offset) for offset, _ in slices[module].values()}
+        else:
+            pending.add((name, 0))
     if model.cfg.tie_word_embeddings:
         pending.discard(("lm_head.weight", 0))
     with torch.no_grad():
         for hf_name, tensor in tensors:
-            name = hf_name.removeprefix("model.")
+            name = model.checkpoint_name(hf_name.removeprefix("model."))
             module, _, leaf = name.rpartition(".")
             parent, _, proj = module.rpartition(".")
             tensor = shard(proj, leaf, tensor, full, model.tp)
             if tensor is None:
                 continue  # a row-parallel bias: rank 0 adds it
             offset, rows = 0, None
-            if proj in shards:
-                fused, offset, rows = shards[proj]
+            fused = next((f for f in _FUSED if f"{parent}.{f}" in slices), None)
+            if fused is not None and proj in slices[f"{parent}.{fused}"]:
+                offset, rows = slices[f"{parent}.{fused}"][proj]
                 name = f"{parent}.{fused}.{leaf}"
             if name not in params:
                 continue  # e.g. rotary inv_freq buffers, or lm_head when tied

@@ -7,6 +7,7 @@ from transformers import PretrainedConfig
 
 from kvpilot_common import precision
 from kvpilot_common.errors import ModelLoadError, UnsupportedArchitectureError
+from kvpilot_common.experts import Experts, from_config
 
 # Rope types whose frequencies do not depend on the sequence length at run time.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
@@ -33,6 +34,7 @@ class ModelConfig:
     inv_freq: torch.Tensor
     rope_scaling: float  # multiplies cos/sin (yarn's attention factor), 1.0 otherwise
     eos_token_ids: list[int]
+    experts: Experts | None = None  # a mixture of experts' shape; None: dense
 
     @classmethod
     def from_hf(cls, hf: PretrainedConfig) -> "ModelConfig":
@@ -65,6 +67,7 @@ class ModelConfig:
             inv_freq=inv_freq,
             rope_scaling=scaling,
             eos_token_ids=[e for e in eos if e is not None],
+            experts=from_config(hf.to_dict()),
         )
 
 

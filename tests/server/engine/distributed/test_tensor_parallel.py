@@ -33,10 +33,13 @@ def open_engines():
         llm.engine.close()
 
 
-@pytest.mark.parametrize("name", ["llama-mqa-bias", "qwen3", "mistral-window"])
+@pytest.mark.parametrize(
+    "name", ["llama-mqa-bias", "qwen3", "mistral-window", "qwen2-moe", "mixtral"]
+)
 def test_two_ranks_match_hf(name, tiny_dir, corpus_ids, hf_greedy, open_engines):
     """llama-mqa-bias: one KV head (fewer than the ranks: replicated) and random biases on every
-    projection; qwen3: q/k norms, tied embeddings; mistral-window: sliding-window attention."""
+    projection; qwen3: q/k norms, tied embeddings; mistral-window: sliding-window attention;
+    qwen2-moe and mixtral: every rank a slice of every expert (and of the shared expert)."""
     path = tiny_dir(name)
     llm = LLM(
         str(path),
@@ -62,10 +65,12 @@ def test_two_ranks_match_hf(name, tiny_dir, corpus_ids, hf_greedy, open_engines)
     assert engine.scheduler.num_preemptions > 0
 
 
-def test_int8_at_two_ranks_agrees_with_one(tiny_dir, corpus_ids, open_engines):
+@pytest.mark.parametrize("name", ["llama", "qwen3-moe"])
+def test_int8_at_two_ranks_agrees_with_one(name, tiny_dir, corpus_ids, open_engines):
     """Each rank quantizes its own slices: column-parallel rows keep their scales, row-parallel
-    ones get a scale per rank's columns; greedy tokens agree with the single-process model."""
-    path = tiny_dir("llama")
+    ones (the experts' down projections too) get the whole row's scale; greedy tokens agree
+    with the single-process model."""
+    path = tiny_dir(name)
     prompts = [corpus_ids[s : s + n] for s, n in ((0, 30), (200, 75), (500, 12))]
     params = SamplingParams(max_tokens=24, temperature=0.0)
     outputs = []

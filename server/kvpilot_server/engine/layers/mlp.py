@@ -1,0 +1,62 @@
+"""The gated MLP every family shares (SwiGLU: silu(gate) * up, then down), and the module form of
+layers/linear.py's product. gate and up are fused into one matmul (one larger GEMM). Under tensor
+parallelism each rank holds a slice of the intermediate columns and down_proj ends in one
+all-reduce; an expert (layers/moe.py) returns its partial sum and the block reduces once."""
+
+import functools
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot_server.engine.distributed.group import TensorParallel
+from kvpilot_server.engine.kernels import cpu_kernels
+from kvpilot_server.engine.layers.direct import Direct
+from kvpilot_server.engine.layers.linear import linear
+
+# Rows up to which the compiled silu(gate) * up wins (measured on SmolLM2's MLP): its exp is
+# scalar and PyTorch's vectorized, so past a few rows PyTorch's per-call overhead is repaid.
+SILU_KERNEL_MAX_ROWS = 4
+
+
+@functools.cache
+def _compiled_layer_ops() -> ModuleType | None:
+    return cpu_kernels.load()  # looked up once: reading the environment costs µs
+
+
+def layer_ops(x: torch.Tensor) -> ModuleType | None:
+    """The compiled small ops, for float32 on CPU (None elsewhere: PyTorch's ops serve)."""
+    return _compiled_layer_ops() if x.is_cpu and x.dtype == torch.float32 else None
+
+
+class Linear(Direct, nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class MLP(Direct):
+    def __init__(self, hidden: int, intermediate: int, bias: bool, tp: TensorParallel) -> None:
+        super().__init__()
+        self.tp = tp
+        self.intermediate = intermediate
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=bias)
+        # Row-parallel: the bias is added once, on rank 0 (engine/distributed/sharding.py).
+        self.down_proj = Linear(intermediate, hidden, bias=bias and tp.rank == 0)
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output, before the all-reduce."""
+        gate_up = self.gate_up_proj(x)
+        ops = layer_ops(gate_up)
+        small = gate_up.shape[0] <= SILU_KERNEL_MAX_ROWS
+        if ops is not None and small and gate_up.dim() == 2 and gate_up.stride(1) == 1:
+            return self.down_proj(ops.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.partial(x))
+
+    def linears(self) -> list[tuple[nn.Module, str]]:
+        """(owner, attribute) of its linear layers: what quantization replaces."""
+        return [(self, "gate_up_proj"), (self, "down_proj")]
