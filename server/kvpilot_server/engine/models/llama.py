@@ -132,6 +132,10 @@ class LlamaForCausalLM(nn.Module):
         """A checkpoint tensor's name as this model spells it (the same, for Llama)."""
         return name
 
+    def finish_loading(self) -> None:
+        """Called once every checkpoint tensor is in place: a family whose checkpoint stores a
+        weight in another form than its forward uses converts it here (nothing, for Llama)."""
+
     @functools.cached_property
     def stack(self):
         """The compiled decode stack (engine/kernels/decode_stack.py), built at the first step,

@@ -13,7 +13,7 @@ from kvpilot_server.engine.distributed.group import SINGLE, TensorParallel
 from kvpilot_server.engine.distributed.sharding import check, local_config, shard
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.model_config import ModelConfig
-from kvpilot_server.engine.models.moe import MoeForCausalLM
+from kvpilot_server.engine.models.registry import model_class
 
 
 def load_model(
@@ -23,14 +23,14 @@ def load_model(
     (engine/distributed/sharding.py): each rank reads the checkpoint and keeps only its slices."""
     cfg = ModelConfig.from_hf(load_hf_config(path))
     check(cfg, tp.size)
-    family = MoeForCausalLM if cfg.experts is not None else LlamaForCausalLM
     with torch.device("meta"):
-        model = family(local_config(cfg, tp.size), tp)
+        model = model_class(cfg)(local_config(cfg, tp.size), tp)
     model.to_empty(device=device)
     model.to(dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     _fill(model, _read_tensors(path), cfg)
+    model.finish_loading()
     return model.eval()
 
 
