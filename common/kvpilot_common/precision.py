@@ -217,8 +217,12 @@ class Layout:
 
 
 def architecture_name(config: Mapping) -> str:
-    """The architecture a config.json (a plain dict) names, or "<none>"."""
-    return (config.get("architectures") or ["<none>"])[0]
+    """The architecture a config.json (a plain dict) names, or "<none>". A base model saved
+    without its language-model head (`Qwen3Model`, as embedding checkpoints are) is named by
+    its causal-LM class: the decoder is the same."""
+    name = (config.get("architectures") or ["<none>"])[0]
+    causal = name.removesuffix("Model") + "ForCausalLM"
+    return causal if name.endswith("Model") and causal in ARCHITECTURES else name
 
 
 def layout(architecture: str, attention_bias: bool, mlp_bias: bool) -> Layout:

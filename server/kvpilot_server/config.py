@@ -7,6 +7,8 @@ from kvpilot_common.errors import ConfigError
 from kvpilot_common.naming import BUNDLED_MODEL
 
 GiB = 1 << 30
+# What a model serves: auto reads the checkpoint (engine/runtime/pooling.py says how).
+TASKS = ("auto", "generate", "embed")
 
 
 @dataclass
@@ -31,6 +33,7 @@ class EngineConfig:
     seed: int = 0
     # Ranks one replica spans (engine/distributed/); None: every visible GPU on CUDA, 1 on CPU.
     tensor_parallel_size: int | None = None
+    task: str = "auto"
 
     def __post_init__(self) -> None:
         rules = [
@@ -48,6 +51,7 @@ class EngineConfig:
             (self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len must be >= 2"),
             (self.dtype in precision.DTYPES, f"unknown dtype {self.dtype!r}"),
+            (self.task in TASKS, f"task {self.task!r} is not one of {', '.join(TASKS)}"),
             (
                 self.quantization in precision.QUANTIZATIONS,
                 f"quantization {self.quantization!r} is not supported "

@@ -31,6 +31,8 @@ _HELP = {
     "seed": "seed for requests that bring none",
     "tensor_parallel_size": "GPUs (CPU processes) one replica spans, one process each; must "
     "divide the attention heads (default: every visible GPU on CUDA, 1 on CPU)",
+    "task": "generate (completions, chat) or embed (/v1/embeddings); auto: embed for a "
+    "sentence-transformers checkpoint or a base model without a language-model head",
 }
 
 

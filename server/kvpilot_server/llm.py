@@ -9,6 +9,7 @@ from kvpilot_common.errors import StepFailedError
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.runtime.llm_engine import LLMEngine
 from kvpilot_server.outputs import RequestOutput
+from kvpilot_server.pooling_params import PoolingParams
 from kvpilot_server.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -37,6 +38,18 @@ class LLM:
             ids.append(f"gen-{next(self._ids)}")
             self.engine.add_request(ids[-1], prompt, p)
         return self._run(ids, use_tqdm)
+
+    def embed(
+        self, prompts: Prompt | Seq[Prompt], params: PoolingParams | None = None
+    ) -> list[RequestOutput]:
+        """An embedding model's vectors (`output.embedding`), in the order of the prompts."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        ids = []
+        for prompt in prompts:
+            ids.append(f"embed-{next(self._ids)}")
+            self.engine.add_request(ids[-1], prompt, params or PoolingParams())
+        return self._run(ids, use_tqdm=False)
 
     def chat(
         self,

@@ -59,6 +59,7 @@ class RequestOutput:
     error: Exception | None = None  # set when this request failed on its own
     # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first.
     prompt_logprobs: list[Sample | None] | None = None
+    embedding: list[float] | None = None  # an embedding request's vector, once finished
 
     @property
     def usage(self) -> Usage:

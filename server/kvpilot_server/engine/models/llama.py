@@ -119,6 +119,7 @@ class LlamaForCausalLM(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.workspace = Workspace()
+        self.pools = False  # an embedding model: forward returns the final hidden states
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -168,4 +169,4 @@ class LlamaForCausalLM(nn.Module):
             return None
         # Only the last token of each sampling sequence needs the (large) vocabulary projection.
         h, _ = self.norm(x[logits_rows], residual[logits_rows])
-        return self.lm_head(h).float()
+        return h.float() if self.pools else self.lm_head(h).float()

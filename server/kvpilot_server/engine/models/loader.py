@@ -27,7 +27,7 @@ def load_model(
         model = model_class(cfg)(local_config(cfg, tp.size), tp)
     model.to_empty(device=device)
     model.to(dtype)
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings or cfg.base_model:  # a base model has no head: it only pools
         model.lm_head.weight = model.embed_tokens.weight
     _fill(model, _read_tensors(path), cfg)
     model.finish_loading()
@@ -68,7 +68,7 @@ def _fill(
             pending |= {(name, offset) for offset, _ in slices[module].values()}
         else:
             pending.add((name, 0))
-    if model.cfg.tie_word_embeddings:
+    if model.cfg.tie_word_embeddings or model.cfg.base_model:
         pending.discard(("lm_head.weight", 0))
     with torch.no_grad():
         for hf_name, tensor in tensors:

@@ -35,10 +35,11 @@ class ModelConfig:
     rope_scaling: float  # multiplies cos/sin (yarn's attention factor), 1.0 otherwise
     eos_token_ids: list[int]
     experts: Experts | None = None  # a mixture of experts' shape; None: dense
+    base_model: bool = False  # saved without lm_head (an embedding checkpoint)
 
     @classmethod
     def from_hf(cls, hf: PretrainedConfig) -> "ModelConfig":
-        arch = (getattr(hf, "architectures", None) or ["<none>"])[0]
+        arch = precision.architecture_name({"architectures": getattr(hf, "architectures", None)})
         if arch not in precision.ARCHITECTURES:
             raise UnsupportedArchitectureError(arch, list(precision.ARCHITECTURES))
         layout = precision.layout(
@@ -49,6 +50,7 @@ class ModelConfig:
         eos = hf.eos_token_id if isinstance(hf.eos_token_id, list) else [hf.eos_token_id]
         return cls(
             architecture=arch,
+            base_model=arch != (hf.architectures or [None])[0],
             vocab_size=hf.vocab_size,
             hidden_size=hf.hidden_size,
             intermediate_size=hf.intermediate_size,

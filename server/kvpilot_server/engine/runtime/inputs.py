@@ -77,6 +77,15 @@ class InputProcessor:
             raise ContextOverflowError(self.max_model_len, prompt_len, params.max_tokens)
         return params.max_tokens or room
 
+    def check_prompt_length(self, prompt_len: int) -> None:
+        """An input that is only read (an embedding's) may fill the whole context."""
+        if prompt_len > self.max_model_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens, but the "
+                f"input has {prompt_len} tokens. Please shorten the input.",
+                "input",
+            )
+
     def min_tokens(self, chars: int) -> int:
         """A lower bound on the tokens of a text of `chars` characters."""
         return math.ceil(chars / self.max_token_chars)

@@ -29,6 +29,7 @@ from kvpilot_server.engine.models.model_setup import (
     resolve_device,
     resolve_dtype,
 )
+from kvpilot_server.engine.runtime import pooling
 from kvpilot_server.engine.runtime.block_pool import BlockPool
 from kvpilot_server.engine.runtime.detokenizer import Detokenizer
 from kvpilot_server.engine.runtime.inputs import InputProcessor
@@ -41,7 +42,11 @@ from kvpilot_server.engine.structured.grammar import GrammarCompiler
 from kvpilot_server.engine.structured.masks import MaskWorker, StepMasks
 from kvpilot_server.models.resolve import resolve_model
 from kvpilot_server.outputs import RequestMetrics, RequestOutput
+from kvpilot_server.pooling_params import PoolingParams
 from kvpilot_server.sampling_params import SamplingParams
+
+# An embedding's sequence samples nothing; the scheduler and runner read these defaults.
+_POOLED = SamplingParams(max_tokens=1)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,11 @@ class LLMEngine:
         path = self.model_path = resolve_model(config.model)
         size = tensor_parallel_size(config, self.device)
         # Checked before any worker starts: a size that cannot split the model is a config error.
-        check(ModelConfig.from_hf(load_hf_config(path)), size)
+        hf = load_hf_config(path)
+        check(ModelConfig.from_hf(hf), size)
+        self.task, self.pooling = pooling.resolve(path, config.task, hf.to_dict())
+        if self.pooling is not None:  # a cached block's hidden states are never computed
+            config.enable_prefix_caching = False
         self.workers = Workers(config, size, path, self.device, self.dtype) if size > 1 else None
         try:
             self._build(config, path)
@@ -80,6 +89,7 @@ class LLMEngine:
     def _build(self, config: EngineConfig, path) -> None:
         tp = SINGLE if self.workers is None else self.workers.tp
         self.model = build_model(config, path, self.dtype, self.device, tp)
+        self.model.pools = self.pooling is not None
         self.tokenizer: PreTrainedTokenizerBase = _tokenizer(path)
         cfg = self.model.cfg
         if config.max_model_len is None:
@@ -117,13 +127,22 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: str | list[int],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         priority: Priority = Priority.INTERACTIVE,
         arrival_time: float | None = None,
     ) -> None:
         if request_id in self.requests:
             raise InvalidRequestError(f"Request id {request_id!r} is already in use")
+        wanted = "embed" if isinstance(params, PoolingParams) else "generate"
+        if wanted != self.task:
+            raise InvalidRequestError(
+                f"This model serves {self.task} requests, not {wanted} ones"
+                + (" (/v1/embeddings)" if self.task == "embed" else "")
+            )
         token_ids = self.inputs.encode(prompt)
+        if isinstance(params, PoolingParams):
+            self._add_embedding(request_id, prompt, token_ids, params, priority, arrival_time)
+            return
         max_tokens = self.inputs.max_tokens(len(token_ids), params)
         if params.logit_bias:
             self.inputs.check_ids(list(params.logit_bias), "logit_bias")
@@ -150,6 +169,25 @@ class LLMEngine:
             logprobs=[] if params.logprobs is not None else None,
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
             matcher=grammar.matcher() if grammar is not None else None,
+        )
+        self.scheduler.add(seq)
+
+    def _add_embedding(self, request_id, prompt, token_ids, params, priority, arrival_time) -> None:
+        assert self.pooling is not None
+        self.pooling.check(params)
+        self.inputs.check_prompt_length(len(token_ids))
+        seq = Sequence(request_id, token_ids, _POOLED, 0, priority, pooled=True)
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        self.requests[request_id] = Request(
+            seq=seq,
+            prompt=prompt if isinstance(prompt, str) else None,
+            prompt_token_ids=list(token_ids),
+            detokenizer=Detokenizer(self.tokenizer, token_ids, [], False, True),
+            eos_token_ids=[],
+            max_model_len=self.max_model_len,
+            metrics=RequestMetrics(arrival_time=seq.arrival_time),
+            pooler=pooling.Pooler(self.pooling, params),
         )
         self.scheduler.add(seq)
 
@@ -182,7 +220,12 @@ class LLMEngine:
             logits, sampling, prompt_rows = self.runner.run(scheduled)
             masks = pending.result() if pending is not None else None
             samples = self.sampler.sample(logits[: len(sampling)], sampling, masks)
+            pooled = []
             for seq, rows, first in prompt_rows:
+                if seq.pooled:
+                    self.requests[seq.request_id].pool(logits[rows], first)
+                    pooled.append(seq)
+                    continue
                 targets = seq.token_ids[first : first + rows.stop - rows.start]
                 k = seq.params.prompt_logprobs or 0
                 found = self.sampler.prompt_logprobs(logits[rows], targets, k)
@@ -196,6 +239,11 @@ class LLMEngine:
             error.__cause__ = exc
             return [self._fail(self.requests[s.request_id], error) for s in batch]
         outputs = []
+        for seq in pooled:
+            request = self.requests[seq.request_id]
+            if seq.num_computed_tokens == len(seq):
+                request.finish("stop")
+                outputs.append(self._release(request))
         for seq, sample in zip(sampling, samples, strict=True):
             request = self.requests[seq.request_id]
             try:

@@ -23,7 +23,8 @@ from kvpilot_server.engine.models.model_config import rope_tables
 from kvpilot_server.engine.runtime.scheduler_output import ScheduledSeq, SchedulerOutput, StepPlan
 from kvpilot_server.engine.runtime.sequence import Sequence
 
-# (sequence, rows of the logits, position of the prompt token the first row predicts)
+# (sequence, rows of the logits, position of the prompt token the first row predicts); for an
+# embedding (seq.pooled), rows of hidden states and the position of the first row's token.
 PromptRows = tuple[Sequence, slice, int]
 _MIN_GROUP_LEN = 64  # contexts shorter than this are cheap: one group holds them all
 
@@ -64,31 +65,34 @@ class ModelRunner:
         self, scheduled: SchedulerOutput
     ) -> tuple[torch.Tensor, list[Sequence], list[PromptRows]]:
         """Logits for every sequence whose last token is computed in this step, in order, then
-        the rows of prompt tokens whose logprobs were asked for (see PromptRows)."""
+        the rows of prompt tokens whose logprobs were asked for, or of embeddings' tokens (see
+        PromptRows)."""
         # Decodes first, shortest context first, so that similar lengths share a padded group.
         ordered = sorted(
             scheduled.num_new_tokens.items(), key=lambda item: (item[1] != 1, len(item[0]))
         )
         ids, positions, slots, rows, sampling = [], [], [], [], []
-        scored: list[tuple[Sequence, int, int]] = []  # prompt logprobs: (seq, first row, count)
+        # (seq, first row, count, position the first row's output is for)
+        scored: list[tuple[Sequence, int, int, int]] = []
         for seq, n in ordered:
             start = seq.num_computed_tokens
             first_row = len(ids)
             ids.extend(seq.token_ids[start : start + n])
             positions.extend(range(start, start + n))
             slots.extend(self._slot(seq, p) for p in range(start, start + n))
+            if seq.pooled:  # every row's hidden state: the pooling is the engine's
+                scored.append((seq, first_row, n, start))
+                continue
             if start + n == len(seq):
                 rows.append(len(ids) - 1)
                 sampling.append(seq)
             # The row at position p predicts token p + 1: rows before the prompt's last token.
             count = min(start + n, seq.num_prompt_tokens - 1) - start
             if seq.params.prompt_logprobs is not None and count > 0:
-                scored.append((seq, first_row, count))
+                scored.append((seq, first_row, count, start + 1))
         prompt_rows = []  # their logits follow the sampling rows
-        for seq, first_row, count in scored:
-            prompt_rows.append(
-                (seq, slice(len(rows), len(rows) + count), seq.num_computed_tokens + 1)
-            )
+        for seq, first_row, count, position in scored:
+            prompt_rows.append((seq, slice(len(rows), len(rows) + count), position))
             rows.extend(range(first_row, first_row + count))
         plan = StepPlan(
             ids=ids,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import llguidance
 
 from kvpilot_server.engine.runtime.detokenizer import Detokenizer
+from kvpilot_server.engine.runtime.pooling import Pooler
 from kvpilot_server.engine.runtime.sequence import Sequence
 from kvpilot_server.engine.structured.grammar import UnsatisfiableError
 from kvpilot_server.outputs import CompletionOutput, RequestMetrics, RequestOutput, Sample
@@ -29,6 +30,11 @@ class Request:
     # never taken back (a preempted sequence keeps them and recomputes their KV), so neither is
     # the state.
     matcher: llguidance.LLMatcher | None = None
+    pooler: Pooler | None = None  # an embedding request's vector so far
+
+    def pool(self, hidden, first_position: int) -> None:
+        assert self.pooler is not None
+        self.pooler.add(hidden, first_position)
 
     def append(self, sample: Sample) -> None:
         """Take in the token the scheduler appended to the sequence (its text, logprobs and
@@ -102,4 +108,7 @@ class Request:
             # Not copied per output: an output follows a sampled token, so the whole prompt is
             # scored by then, and a preempted request's recompute adds nothing.
             prompt_logprobs=self.prompt_logprobs,
+            embedding=self.pooler.result()
+            if self.pooler is not None and self.seq.finish_reason == "stop"
+            else None,
         )

@@ -42,6 +42,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    pooled: bool = False  # an embedding: its prompt's hidden states are pooled, nothing sampled
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
