@@ -16,13 +16,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kvpilot_common.errors import KvpilotError, ModelNotFoundError
+from kvpilot_common.errors import InvalidRequestError, KvpilotError, ModelNotFoundError
 from kvpilot_common.http.auth import ApiKeyMiddleware
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.assistant import chat_shape, chat_template
 from kvpilot_server.api.completions import CLIENT_CLOSED, Completions
+from kvpilot_server.api.embeddings import EmbeddingRequest, Embeddings
 from kvpilot_server.api.fields import (
     REFUSED_CHAT,
     REFUSED_COMPLETIONS,
@@ -67,6 +68,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
     )
     metrics = ServerMetrics(engine, name, admission)
     completions_api = Completions(engine, admission, metrics, name)
+    embeddings_api = Embeddings(engine, admission, metrics, name)
     inputs = engine.inputs
     template = chat_template(inputs.tokenizer.chat_template, settings.tool_call_parser)
 
@@ -77,8 +79,15 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
             raise ModelNotFoundError(f"The model {parsed.model!r} does not exist")  # type: ignore[attr-defined]
         return parsed
 
+    def generating() -> None:
+        if engine.task == "embed":
+            raise InvalidRequestError(
+                "This model is an embedding model: it serves /v1/embeddings only", "model"
+            )
+
     async def chat(request: Request) -> Response:
         parsed = await parse(request, ChatCompletionRequest)
+        generating()
         headers = ignored_header(check_extras(parsed, REFUSED_CHAT))
         plan = parsed.tool_plan()
         messages, tools = template.prompt_messages(parsed.template_messages(), plan)
@@ -104,9 +113,13 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
 
     async def completions(request: Request) -> Response:
         parsed = await parse(request, CompletionRequest)
+        generating()
         headers = ignored_header(check_extras(parsed, REFUSED_COMPLETIONS))
         prompt = await engine.process(text_prompt, inputs, parsed.prompt, parsed.max_tokens)
         return await completions_api.serve(request, parsed, prompt, chat=False, headers=headers)
+
+    async def embeddings(request: Request) -> Response:
+        return await embeddings_api.serve(request, await parse(request, EmbeddingRequest))
 
     def tokenized(parsed: TokenizeRequest) -> JSONResponse:
         """On a worker thread: a long prompt's JSON answer is large to render too."""
@@ -127,6 +140,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
 
     async def models(_: Request) -> Response:
         card = {"id": name, "object": "model", "created": 0, "owned_by": "kvpilot"}
+        card["task"] = engine.task  # generate or embed: which routes the model serves
         return JSONResponse({"object": "list", "data": [card]})
 
     document = openapi_document(name)
@@ -176,6 +190,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),

@@ -54,7 +54,7 @@ class Completions:
     ) -> Response:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         outputs: list[RequestOutput | None] = [None] * parsed.n
-        done = _Accounting(request_id, outputs, self.metrics)
+        done = Accounting(request_id, outputs, self.metrics)
         # Whatever happens from here on, the request's slots and engine requests are given
         # back when the HTTP exchange ends: they are tied to the request's exit stack.
         resources = exit_stack(request)
@@ -103,7 +103,7 @@ class Completions:
                 outputs[index] = output
 
         try:
-            if not await _unless_client_leaves(request, collect()):
+            if not await unless_client_leaves(request, collect()):
                 done(CLIENT_CLOSED, "abort")
                 return Response(status_code=CLIENT_CLOSED)
         except Exception as exc:
@@ -137,7 +137,7 @@ class Completions:
         return [dataclasses.replace(params, seed=seed) for seed in seeds]
 
 
-class _Accounting:
+class Accounting:
     """Metrics per choice (each is an engine request) and one access-log line per request."""
 
     def __init__(
@@ -155,7 +155,7 @@ class _Accounting:
         log_request(self.request_id, status, self.outputs, ",".join(sorted(set(reasons))))
 
 
-async def _unless_client_leaves(request: Request, work: Coroutine[Any, Any, None]) -> bool:
+async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, None]) -> bool:
     """Run `work`; if the client disconnects first, cancel it (which closes the engine stream
     it is reading, aborting the requests) and return False. Errors of `work` propagate."""
 

@@ -28,6 +28,7 @@ from kvpilot_server.engine.runtime.llm_engine import EngineStats, LLMEngine
 from kvpilot_server.engine.runtime.sequence import Priority
 from kvpilot_server.engine.structured.grammar import Grammar
 from kvpilot_server.outputs import RequestOutput
+from kvpilot_server.pooling_params import PoolingParams
 from kvpilot_server.sampling_params import SamplingParams, StructuredOutputsParams
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,11 @@ class AsyncEngine:
         return self.engine.inputs
 
     @property
+    def task(self) -> str:
+        """What the model serves: generate or embed (engine/runtime/pooling.py)."""
+        return self.engine.task
+
+    @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
@@ -139,7 +145,7 @@ class AsyncEngine:
     async def generate(
         self,
         prompt: str | list[int],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         request_id: str | None = None,
         priority: Priority = Priority.INTERACTIVE,
     ) -> AsyncIterator[RequestOutput]:
