@@ -307,7 +307,8 @@ def test_the_hider_hides(tmp_path):
 
 def test_base_install_runs_the_cli_plan_and_the_shared_modules(tmp_path):
     env = hiding_env(tmp_path, allow_only=_importable(None))
-    shared = "memory_model, metric_names, termination, precision, naming, demand, cli, extras"
+    shared = "memory_model, catalogue, experts, metric_names, termination, precision, naming"
+    shared += ", demand, cli, extras"
     imports = "; ".join(f"import kvpilot_common.{m}" for m in shared.split(", "))
     imports += "; import kvpilot_server.plan, kvpilot_server.engine_args, kvpilot_server.commands"
     result = run_python(env, "-c", imports)

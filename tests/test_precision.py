@@ -103,6 +103,7 @@ def test_the_rules_load_without_torch(tmp_path):
         """
         import sys
         import kvpilot_common.precision, kvpilot_common.memory_model, kvpilot_server.plan
+        import kvpilot_common.catalogue
         import kvpilot_operator.fit, kvpilot_operator.engine_flags
         heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
         assert not heavy, heavy

@@ -13,16 +13,25 @@ With tensor parallelism over N GPUs every figure is per GPU: the decoder's linea
 split N ways, the embedding and lm_head are replicated (engine/distributed/sharding.py says
 why), each GPU stores kv_heads / N KV heads (one, replicated, when there are fewer heads than
 GPUs), and the replica holds as many tokens as one GPU's KV budget does. Norms (a few thousand
-parameters per layer) are counted as split, though replicated.
+parameters per layer) and a mixture of experts' routers (one row per expert) are counted as
+split and quantized, though the engine keeps them replicated in the model dtype.
+
+A mixture of experts keeps every expert resident, so weights count them all (`params`); a token
+reads only its top-k (`active_params`), which sets the cost of a decode step, not the memory.
+Every layer's KV cache is counted for every token, also where a model attends through a sliding
+window (gpt-oss, Gemma 3): for those the figures are an upper bound.
 
 The bytes per weight and per KV element, and the architectures' layouts, are
 kvpilot_common.precision's: the engine allocates by the same rules.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvpilot_common import parallelism, precision
-from kvpilot_common.naming import BUNDLED_MODEL
+from kvpilot_common.errors import UnsupportedArchitectureError
+from kvpilot_common.experts import Experts
+from kvpilot_common.experts import from_config as read_experts
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -57,7 +66,7 @@ GPU_COMPUTE_CAPABILITY = {
 
 @dataclass(frozen=True)
 class ModelShape:
-    params: int  # all parameters, embeddings included
+    params: int  # all parameters, embeddings included, and every expert: all are resident
     hidden: int
     layers: int
     kv_heads: int
@@ -66,36 +75,83 @@ class ModelShape:
     tied_embeddings: bool
     max_position: int  # the model's own context limit
     heads: int  # attention heads: what tensor parallelism must divide
+    architecture: str  # config.json's "architectures"[0]; the engine serves precision's
+    # The parameters one token uses, as the model cards count them (Qwen3-30B-A3B's "3.3B
+    # activated", Mixtral's "12.9B active"): all but the routed experts it is not sent to, the
+    # embedding table and lm_head counted whole. OpenAI's gpt-oss figures (3.6B, 5.1B) leave
+    # out the embedding table, of which a token reads one row. Dense models: params.
+    active_params: int
+    experts: Experts | None = None  # None: a dense model
 
     @property
     def embedding_params(self) -> int:
         return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
 
 
-def shape_from_config(config: dict) -> ModelShape:
-    """A Llama-family model's shape from its Hugging Face config.json (a plain dict)."""
+def unserved(shape: ModelShape) -> str | None:
+    """Why the engine would refuse to load this model, in its own words, or None when it
+    serves the architecture."""
+    if shape.architecture in precision.ARCHITECTURES:
+        return None
+    return str(UnsupportedArchitectureError(shape.architecture, list(precision.ARCHITECTURES)))
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """A layer's tensors beyond what precision.layout describes, in architectures the catalogue
+    plans for and the engine does not serve (precision.layout takes those to be plain Llama)."""
+
+    qk_norm: bool = False
+    norms: int = 2  # RMSNorms of `hidden` weights per layer
+    sinks: bool = False  # a learned attention-sink logit per head
+    router_bias: bool = False
+    expert_bias: bool = False  # on each expert's gate, up and down projections
+
+
+_EXTRAS = {
+    # Biases on q, k, v and o (attention_bias: true); gate and up fused, the same count.
+    "GptOssForCausalLM": _Extras(sinks=True, router_bias=True, expert_bias=True),
+    # Norms before and after both attention and the MLP; q and k normalized per head. The
+    # multimodal checkpoint's vision tower (0.4B for the 27B) is not counted.
+    "Gemma3ForCausalLM": _Extras(qk_norm=True, norms=4),
+    "Gemma3ForConditionalGeneration": _Extras(qk_norm=True, norms=4),
+    # Phi3ForCausalLM fuses q, k and v, and gate and up: Llama's counts.
+}
+
+
+def shape_from_config(config: Mapping) -> ModelShape:
+    """A decoder's shape from its Hugging Face config.json (a plain dict): Llama's block with
+    precision's quirks, the experts kvpilot_common.experts reads, and the few layouts the
+    catalogue knows but the engine does not serve (_EXTRAS)."""
+    architecture = precision.architecture_name(config)
+    config = {**config, **(config.get("text_config") or {})}  # multimodal: the language model
     hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or hidden // heads
-    vocab, inter = config["vocab_size"], config["intermediate_size"]
+    vocab = config["vocab_size"]
     tied = bool(config.get("tie_word_embeddings", False))
     layout = precision.layout(
-        precision.architecture_name(config),
-        config.get("attention_bias", False),
-        config.get("mlp_bias", False),
+        architecture, config.get("attention_bias", False), config.get("mlp_bias", False)
     )
+    extras = _EXTRAS.get(architecture, _Extras())
     attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o, k, v
     if layout.qkv_bias:
         attention += heads * head_dim + 2 * kv_heads * head_dim
     if layout.o_bias:
         attention += hidden
-    mlp = 3 * hidden * inter + (2 * inter + hidden if layout.mlp_bias else 0)  # gate, up, down
-    norms = 2 * hidden + (2 * head_dim if layout.qk_norm else 0)
-    per_layer = attention + mlp + norms
-    params = layers * per_layer + hidden + vocab * hidden * (1 if tied else 2)
+    attention += heads if extras.sinks else 0
+    norms = extras.norms * hidden + (2 * head_dim if layout.qk_norm or extras.qk_norm else 0)
+    inter = config["intermediate_size"]  # the dense MLP's (Mixtral, gpt-oss: each expert's)
+    dense = 3 * hidden * inter + (2 * inter + hidden if layout.mlp_bias else 0)  # gate, up, down
+    experts = read_experts(config)
+    moe = _sparse_mlp(hidden, experts, extras) if experts else (0, 0)
+    total = active = layers * (attention + norms) + hidden + vocab * hidden * (1 if tied else 2)
+    for sparse in experts.sparse_layers if experts else (False,) * layers:
+        resident, used = moe if sparse else (dense, dense)
+        total, active = total + resident, active + used
     return ModelShape(
-        params=params,
+        params=total,
         hidden=hidden,
         layers=layers,
         kv_heads=kv_heads,
@@ -104,29 +160,19 @@ def shape_from_config(config: dict) -> ModelShape:
         tied_embeddings=tied,
         max_position=config.get("max_position_embeddings", 4096),
         heads=heads,
+        architecture=architecture,
+        active_params=active,
+        experts=experts,
     )
 
 
-# Known models by source, so the fit check works before anything is downloaded.
-KNOWN_MODELS = {
-    BUNDLED_MODEL: ModelShape(134_515_008, 576, 30, 3, 64, 49152, True, 8192, 9),
-    "hf://Qwen/Qwen2.5-0.5B-Instruct": ModelShape(
-        494_032_768, 896, 24, 2, 64, 151936, True, 32768, 14
-    ),
-    "hf://Qwen/Qwen2.5-7B-Instruct": ModelShape(
-        7_615_616_512, 3584, 28, 4, 128, 152064, False, 32768, 28
-    ),
-    "hf://Qwen/Qwen3-8B": ModelShape(8_190_735_360, 4096, 36, 8, 128, 151936, False, 40960, 32),
-    "hf://meta-llama/Llama-3.1-8B-Instruct": ModelShape(
-        8_030_261_248, 4096, 32, 8, 128, 128256, False, 131072, 32
-    ),
-    "hf://meta-llama/Llama-3.1-70B-Instruct": ModelShape(
-        70_553_706_496, 8192, 80, 8, 128, 128256, False, 131072, 64
-    ),
-    "hf://mistralai/Mistral-7B-Instruct-v0.3": ModelShape(
-        7_248_023_552, 4096, 32, 8, 128, 32768, False, 32768, 32
-    ),
-}
+def _sparse_mlp(hidden: int, experts: Experts, extras: _Extras) -> tuple[int, int]:
+    """One sparse layer's MLP parameters: resident (every expert) and used by one token."""
+    one = 3 * hidden * experts.width + (2 * experts.width + hidden if extras.expert_bias else 0)
+    router = experts.count * hidden + (experts.count if extras.router_bias else 0)
+    # The shared expert runs for every token, scaled by a sigmoid gate of one row.
+    shared = 3 * hidden * experts.shared_width + hidden if experts.shared_width else 0
+    return router + shared + experts.count * one, router + shared + experts.top_k * one
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,16 @@
 """Will the model fit? Checked before any pod is created, so that a spec that cannot run makes
 no pods that would only OOM or crash-loop: weights plus a KV cache for at least one sequence of
 maxModelLen must fit in one replica's device memory (with tensor parallelism, each GPU's share
-in each GPU). A source the operator refuses and a precision the engine refuses fail the same
-way, each with its own reason; status reports it as Degraded."""
+in each GPU). A source the operator refuses, and a catalogued model's architecture or a
+precision the engine refuses, fail the same way, each with its own reason; status reports it as
+Degraded."""
 
 from dataclasses import dataclass
 from typing import Any
 
 from kvpilot_common import parallelism, precision
-from kvpilot_common.memory_model import GPU_COMPUTE_CAPABILITY, KNOWN_MODELS, MiB
+from kvpilot_common.catalogue import KNOWN_MODELS
+from kvpilot_common.memory_model import GPU_COMPUTE_CAPABILITY, MiB, unserved
 from kvpilot_operator.memory_plan import (
     KV_CACHE_DTYPES,
     QUANTIZATIONS,
@@ -53,16 +55,21 @@ def unsupported_precision(spec: Spec) -> str | None:
 
 
 def check(spec: Spec) -> Fit:
-    """Whether the spec can be served: a source the operator refuses and a precision the engine
-    refuses fail like a model too big for the GPU, before any pod."""
+    """Whether the spec can be served: a source the operator refuses, and an architecture or a
+    precision the engine refuses, fail like a model too big for the GPU, before any pod."""
     source = spec.model.source
     invalid = source_problem(source)
     if invalid:
         return Fit(False, invalid, reason="InvalidModelSource")
+    shape, memory = KNOWN_MODELS.get(source), device_memory_bytes(spec)
+    # Catalogued models only: another's architecture is known once the pod has downloaded it,
+    # and the server then refuses it in the same words (ModelLoadFailed).
+    refused = unserved(shape) if shape else None
+    if refused:
+        return Fit(False, f"{source}: {refused}", reason="UnsupportedArchitecture")
     problem = unsupported_precision(spec)
     if problem:
         return Fit(False, problem, reason="UnsupportedPrecision")
-    shape, memory = KNOWN_MODELS.get(source), device_memory_bytes(spec)
     if shape is None:
         return Fit(None, f"fit not checked: the size of {source} is not known before download")
     refused = parallelism.problem(shape.heads, shape.kv_heads, spec.tensor_parallel_size)

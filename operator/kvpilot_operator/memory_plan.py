@@ -6,7 +6,8 @@ the engine flags (engine_flags.py) both read it, so they cannot size a replica d
 from lightkube.utils.quantity import parse_quantity
 
 from kvpilot_common import precision
-from kvpilot_common.memory_model import GPU_MEMORY_MIB, KNOWN_MODELS, MiB, ModelShape, Plan, plan
+from kvpilot_common.catalogue import KNOWN_MODELS
+from kvpilot_common.memory_model import GPU_MEMORY_MIB, MiB, ModelShape, Plan, plan
 from kvpilot_operator.spec import Spec
 
 # On CPU the pod's memory limit is the device: the process itself (Python, torch, tokenizer)

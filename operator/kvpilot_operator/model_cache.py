@@ -9,7 +9,8 @@ and the HF cache. resources.modelCacheGiB overrides it, e.g. for a large uncatal
 
 import math
 
-from kvpilot_common.memory_model import KNOWN_MODELS, GiB
+from kvpilot_common.catalogue import KNOWN_MODELS
+from kvpilot_common.memory_model import GiB
 from kvpilot_operator.spec import Spec
 
 CHECKPOINT_BYTES_PER_PARAM = 4

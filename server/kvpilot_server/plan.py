@@ -1,18 +1,20 @@
 """`kvpilot plan`: will a model fit, and how many sequences will its KV cache hold? The memory
-model (kvpilot_common.memory_model) applied to a model and a device, without loading anything."""
+model (kvpilot_common.memory_model) applied to a model and a device, without loading anything.
+It plans for architectures the engine does not serve too, and says so (`servable`)."""
 
 import argparse
 import json
 from pathlib import Path
 
 from kvpilot_common import parallelism, precision
+from kvpilot_common.catalogue import KNOWN_MODELS
 from kvpilot_common.memory_model import (
     GPU_MEMORY_MIB,
-    KNOWN_MODELS,
     MiB,
     ModelShape,
     plan,
     shape_from_config,
+    unserved,
 )
 from kvpilot_common.naming import BUNDLED_MODEL
 from kvpilot_server.engine_args import parse_bytes
@@ -70,7 +72,10 @@ def model_shape(model: str) -> ModelShape:
     if not config.is_file():
         known = ", ".join(sorted(KNOWN_MODELS))
         raise SystemExit(f"kvpilot plan: {model!r} is neither known ({known}) nor a directory")
-    return shape_from_config(json.loads(config.read_text()))
+    try:
+        return shape_from_config(json.loads(config.read_text()))
+    except KeyError as missing:
+        raise SystemExit(f"kvpilot plan: {config} has no {missing}") from None
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -93,9 +98,19 @@ def run_plan(args: argparse.Namespace) -> int:
         kv_fraction=args.kv_cache_memory_fraction,
         tensor_parallel_size=size,
     )
+    problem = unserved(shape)
     result = {
         "model": args.model,
-        "parameters": shape.params,
+        "architecture": shape.architecture,
+        "servable": problem is None,  # whether this kvpilot's engine loads it
+        **({"unservable_reason": problem} if problem else {}),
+        "parameters": shape.params,  # every expert's: all are in memory
+        "active_parameters": shape.active_params,  # what one token uses
+        **(
+            {"experts": shape.experts.count, "experts_per_token": shape.experts.top_k}
+            if shape.experts
+            else {}
+        ),
         "tensor_parallel_size": size,
         "device_memory_mib": memory // MiB,  # this and the next three: per GPU
         "weights_mib": p.weight_bytes // MiB,

@@ -6,7 +6,7 @@ import re2
 import yaml
 
 from kvpilot_common import parallelism
-from kvpilot_common.memory_model import KNOWN_MODELS
+from kvpilot_common.catalogue import KNOWN_MODELS
 from kvpilot_operator import crd, source
 from kvpilot_testing.crd_rules import errors, schema_errors
 from tests.operator.crd_cases import (

@@ -128,16 +128,28 @@ def test_liveness_endpoint_answers(cluster):
     assert httpx.get(cluster.liveness, timeout=5).status_code == 200
 
 
-def test_a_model_that_cannot_fit_creates_no_pods_and_says_why(cluster):
+@pytest.mark.parametrize(
+    ("source", "reason", "said"),
+    [
+        ("hf://meta-llama/Llama-3.1-70B-Instruct", "InsufficientGPUMemory", "23034 MiB"),
+        # Catalogued, and an architecture the engine would refuse at load: no crash-looping pod.
+        (
+            "hf://openai/gpt-oss-20b",
+            "UnsupportedArchitecture",
+            "Unsupported model architecture 'GptOssForCausalLM'. kvpilot supports: ",
+        ),
+    ],
+)
+def test_a_model_that_cannot_run_creates_no_pods_and_says_why(cluster, source, reason, said):
     body = _sample("hf-gpu-int8-autoscaled.yaml")
-    body["spec"]["model"]["source"] = "hf://meta-llama/Llama-3.1-70B-Instruct"
+    body["spec"]["model"]["source"] = source
     body["spec"]["engine"] = {"maxModelLen": 8192}
     md = cluster.create(MD, body)
     name = md["metadata"]["name"]
     wait_for("Degraded", lambda: _condition(cluster, name, "Degraded").get("status") == "True")
     condition = _condition(cluster, name, "Degraded")
-    assert condition["reason"] == "InsufficientGPUMemory"
-    assert "MiB of weights" in condition["message"] and "23034 MiB" in condition["message"]
+    assert condition["reason"] == reason
+    assert said in condition["message"]
     assert cluster.get(DEPLOYMENTS, name) is None
 
 

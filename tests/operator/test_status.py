@@ -3,6 +3,8 @@ write them; transition times that move only on flips."""
 
 import pytest
 
+from kvpilot_common import precision
+from kvpilot_common.catalogue import KNOWN_MODELS
 from kvpilot_operator import crd
 from kvpilot_operator.fit import Fit, check
 from kvpilot_operator.render import render
@@ -203,6 +205,47 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_with_t
     assert "size 3 does not divide the model's 64 attention heads (choose one of 1, 2, 4, 8)" in (
         message
     )
+
+
+# Catalogued for planning; the engine serves none of these architectures (yet).
+UNSERVED = [
+    s for s, shape in KNOWN_MODELS.items() if shape.architecture not in precision.ARCHITECTURES
+]
+
+
+@pytest.mark.parametrize("source", UNSERVED)
+def test_a_catalogued_architecture_the_engine_does_not_serve_is_degraded_before_any_pod(source):
+    # It may well fit (gpt-oss-20b: 39 GiB of weights on an H100): that is not the question.
+    body = _body(1, model={"source": source}, resources={"gpus": 1, "gpuType": "H100-80GB"})
+    fit = check(Spec.from_defaulted(body))
+    assert fit.fits is False and fit.capacity is None
+    result = _status(body, None, [], fit, NOW)
+    assert _conditions(result)["Degraded"] == ("True", "UnsupportedArchitecture")
+    message = _message(result, "Degraded")
+    # The engine's own words, as its pod would have said them (ModelLoadFailed), with the list.
+    architecture = KNOWN_MODELS[source].architecture
+    assert message.startswith(f"{source}: Unsupported model architecture '{architecture}'")
+    supported = message.partition("kvpilot supports: ")[2].rstrip(".").split(", ")
+    assert supported == sorted(precision.ARCHITECTURES) and "MixtralForCausalLM" in supported
+
+
+def test_a_mixture_of_experts_is_sized_with_every_expert_resident():
+    body = _body(
+        1,
+        model={"source": "hf://mistralai/Mixtral-8x7B-Instruct-v0.1"},
+        resources={"gpus": 1, "gpuType": "H100-80GB"},
+    )
+    one = check(Spec.from_defaulted(body))
+    # 46.7B parameters in bfloat16 (87 GiB), though a token uses 12.9B of them.
+    assert one.fits is False and one.reason == "InsufficientGPUMemory"
+    assert one.capacity["weightsMiB"] > 81559
+    two = _body(
+        1,
+        model={"source": "hf://mistralai/Mixtral-8x7B-Instruct-v0.1"},
+        resources={"gpus": 2, "gpuType": "H100-80GB"},
+    )
+    fit = check(Spec.from_defaulted(two))
+    assert fit.fits is True and fit.capacity["tensorParallelSize"] == 2
 
 
 @pytest.mark.parametrize(
