@@ -256,6 +256,7 @@ def build_app(state: State) -> Starlette:
         exception_handlers={Exception: unexpected},
         routes=[
             Route("/v1/chat/completions", complete, methods=["POST"]),
+            Route("/v1/embeddings", complete, methods=["POST"]),
             Route("/v1/completions", complete, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/metrics", scrape, methods=["GET"]),

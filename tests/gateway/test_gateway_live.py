@@ -103,6 +103,9 @@ def _structured_requests_pass_unchanged(client: OpenAI) -> None:
     assert streamed == call.function.arguments
     with pytest.raises(openai.BadRequestError, match="guided_regex"):
         client.chat.completions.create(**kwargs, extra_body={"guided_regex": "(a"})
+    # Routed like the others: the replica itself answers that it generates text.
+    with pytest.raises(openai.BadRequestError, match="generates text"):
+        client.embeddings.create(model="chat", input="x")
 
 
 def test_a_client_that_leaves_aborts_the_upstream_request(live):

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from kvpilot_server.api.embeddings import EmbeddingRequest
 from kvpilot_server.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -78,7 +79,13 @@ def _get(summary: str, security: bool, content_type: str = "application/json") -
 
 
 def openapi_document(served_model_name: str) -> dict[str, Any]:
-    models = [ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest]
+    models = [
+        ChatCompletionRequest,
+        CompletionRequest,
+        EmbeddingRequest,
+        TokenizeRequest,
+        DetokenizeRequest,
+    ]
     _, schemas = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
     return {
         "openapi": "3.1.0",
@@ -95,6 +102,9 @@ def openapi_document(served_model_name: str) -> dict[str, Any]:
             ),
             "/v1/completions": _post(
                 CompletionRequest, "Text completion", _GENERATE_ERRORS, stream=True
+            ),
+            "/v1/embeddings": _post(
+                EmbeddingRequest, "Embeddings (an embedding model)", _GENERATE_ERRORS, False
             ),
             "/tokenize": _post(TokenizeRequest, "Token ids of a prompt", _POST_ERRORS, False),
             "/detokenize": _post(DetokenizeRequest, "Text of token ids", _POST_ERRORS, False),
