@@ -98,8 +98,9 @@ def unserved(shape: ModelShape) -> str | None:
 
 @dataclass(frozen=True)
 class _Extras:
-    """A layer's tensors beyond what precision.layout describes, in architectures the catalogue
-    plans for and the engine does not serve (precision.layout takes those to be plain Llama)."""
+    """A layer's tensors beyond what precision.layout describes: Gemma's extra norms, and the
+    layouts of architectures the catalogue plans for and the engine does not serve
+    (precision.layout takes those to be plain Llama)."""
 
     qk_norm: bool = False
     norms: int = 2  # RMSNorms of `hidden` weights per layer
@@ -113,6 +114,7 @@ _EXTRAS = {
     "GptOssForCausalLM": _Extras(sinks=True, router_bias=True, expert_bias=True),
     # Norms before and after both attention and the MLP; q and k normalized per head. The
     # multimodal checkpoint's vision tower (0.4B for the 27B) is not counted.
+    "Gemma2ForCausalLM": _Extras(norms=4),
     "Gemma3ForCausalLM": _Extras(qk_norm=True, norms=4),
     "Gemma3ForConditionalGeneration": _Extras(qk_norm=True, norms=4),
     # Phi3ForCausalLM fuses q, k and v, and gate and up: Llama's counts.

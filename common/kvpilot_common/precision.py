@@ -187,6 +187,9 @@ class Architecture:
     # A mixture of experts: some or all layers route each token to top-k of many MLPs
     # (engine/layers/moe.py); the config's expert fields say how many and how wide.
     moe: bool = False
+    # Gemma 2 caps attention logits (tanh(x / cap) * cap, its attn_logit_softcapping); transformers'
+    # Gemma 3 has the config field too but never applies it.
+    attention_softcap: bool = False
 
 
 # Keyed by the class name in config.json's "architectures", not by its "model_type": the class
@@ -202,6 +205,12 @@ ARCHITECTURES = MappingProxyType(
         "MixtralForCausalLM": Architecture(moe=True),
         "Qwen2MoeForCausalLM": Architecture(fixed_qkv_bias=True, moe=True),
         "Qwen3MoeForCausalLM": Architecture(qk_norm=True, moe=True),
+        # Gemma 2 and Gemma 3's text model (engine/models/gemma.py): four norms a layer, each
+        # scaling by 1 + weight, gelu gates, alternating sliding and full attention layers.
+        "Gemma2ForCausalLM": Architecture(attention_softcap=True),
+        "Gemma3ForCausalLM": Architecture(qk_norm=True),
+        # Phi-3 and Phi-4: their checkpoints store q/k/v and gate/up fused (models/phi3.py).
+        "Phi3ForCausalLM": Architecture(),
     }
 )
 

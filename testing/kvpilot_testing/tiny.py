@@ -55,7 +55,47 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
             "norm_topk_prob": True,
         },
     ),
+    # q/k/v and gate/up stored fused; a sliding window as Phi-3-mini-4k's (2047 of 4096).
+    "phi3": ("Phi3Config", {"tie_word_embeddings": False, "sliding_window": 40}),
+    # Sliding (window 24) and full layers alternating; a query scale other than head_dim's;
+    # attention logits capped at 10 (without the cap these prompts' greedy tokens change) and
+    # final logits at 1, about their own size (tests/server/engine/models/test_gemma.py).
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "tie_word_embeddings": True,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 32,
+            "sliding_window": 24,
+            "attn_logit_softcapping": 10.0,
+            "final_logit_softcapping": 1.0,
+        },
+    ),
+    # Gemma 3's text model: q/k norms; the full layer's rope base 1M scaled linearly by 8 (as
+    # the 4B-27B models'), the sliding layer's 10k. An attention softcap transformers' Gemma 3
+    # never applies (so must kvpilot not).
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "tie_word_embeddings": True,
+            "head_dim": 32,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 24,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+            "attn_logit_softcapping": 1.0,
+        },
+    ),
 }
+# Gemma's norms scale by 1 + weight and transformers starts every weight at zero: drawn at
+# random here, so that a norm computed otherwise (1 dropped, or rounded with w) would show. Its
+# embeddings are multiplied by sqrt(hidden_size): at this initializer_range the input token's
+# own row would then dominate its tied logits (greedy repeats one token), so the table is
+# divided by that factor.
+GEMMA_MODELS = ("gemma2", "gemma3")
 # For tensor parallelism (not in TINY_MODELS' every-test matrix): one KV head, fewer than two
 # ranks, so it is replicated; biases on every projection, drawn at random (transformers starts
 # them at zero), so a row-parallel bias added once per rank instead of once would show.
@@ -67,6 +107,25 @@ TINY_PARALLEL_MODELS: dict[str, tuple[str, dict]] = {
             "num_key_value_heads": 1,
             "attention_bias": True,
             "mlp_bias": True,
+        },
+    ),
+}
+
+# longrope (Phi-3-mini-128k, Phi-3.5-mini), for tests/server/engine/models/test_phi3.py: past
+# 128 positions transformers switches from short_factor to long_factor, scaled as the 128k
+# models' (max_position_embeddings / original_max_position_embeddings: an attention factor).
+TINY_LONGROPE_MODELS: dict[str, tuple[str, dict]] = {
+    "phi3-longrope": (
+        "Phi3Config",
+        {
+            "tie_word_embeddings": True,
+            "original_max_position_embeddings": 128,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0, 1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.5],
+                "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 12.0, 16.0],
+            },
         },
     ),
 }
@@ -85,13 +144,24 @@ def build_tiny_model(name: str, target: Path, tokenizer_dir: Path, seed: int = 0
 
     if (target / "config.json").is_file():
         return target
-    class_name, overrides = {**TINY_MODELS, **TINY_PARALLEL_MODELS, **TINY_ODD_WIDTH_MODELS}[name]
+    class_name, overrides = {
+        **TINY_MODELS,
+        **TINY_PARALLEL_MODELS,
+        **TINY_LONGROPE_MODELS,
+        **TINY_ODD_WIDTH_MODELS,
+    }[name]
     config_class = getattr(transformers, class_name)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     config = config_class(**{**TINY_BASE, **overrides, "vocab_size": len(tokenizer)})
     config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if name in GEMMA_MODELS:
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                if "norm." in key:
+                    param.normal_(0.0, TINY_BASE["initializer_range"])
+            model.get_input_embeddings().weight.div_(config.hidden_size**0.5)
     if name in TINY_PARALLEL_MODELS:
         with torch.no_grad():
             for key, param in model.named_parameters():

@@ -4,8 +4,9 @@ At batch 1 the Python between a layer's kernels (module calls, views, splits) to
 long as its int4 products; the stack calls the same kernels in the same order from C++, so its
 output equals the modules' bit for bit (tests/server/engine/kernels/test_decode_stack.py holds it
 to that). It serves what those kernels serve: CPU float32 models whose decoder linears are all
-int4 or int8, no tensor parallelism, no q/k norms, a float32 KV cache, and steps that are pure
-decodes of at most quant.KERNEL_MAX_ROWS sequences. The modules' loop (models/llama.py) runs
+int4 or int8, no tensor parallelism, no q/k norms, Llama's layer (two norms, silu gates, the
+head_dim ** -0.5 query scale: not Gemma's), a float32 KV cache, and steps that are pure decodes of
+at most quant.KERNEL_MAX_ROWS sequences. The modules' loop (models/llama.py) runs
 everything else and stays the definition.
 """
 
@@ -26,6 +27,9 @@ def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
     cfg, kernel = model.cfg, cpu_kernels.load()
     weight = model.norm.weight
     if kernel is None or model.tp.size != 1 or cfg.qk_norm or cfg.experts is not None:
+        return None
+    # Gemma (models/gemma.py): four norms a layer, gelu gates, its own query scale.
+    if cfg.activation != "silu" or cfg.attention_scale is not None:
         return None
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return None

@@ -9,6 +9,12 @@ wrong whenever the query is a later chunk of a longer context.
 Gathers write into a reusable workspace: a fresh tensor of tens of MB per layer would be
 mmapped and page-faulted on every call, which costs more than the copy itself. A quantized
 cache (kv_cache.py) is gathered as bytes with its scales and dequantized there before SDPA.
+
+A layer may give its own query scale (Gemma: query_pre_attn_scalar ** -0.5, not head_dim ** -0.5)
+and a logit softcap (Gemma 2: tanh(logits / cap) * cap before the softmax). SDPA has no step
+between its product and its softmax, so capped layers take `_softcapped`, transformers' eager
+arithmetic; the compiled decode kernel has none either, and the model runner leaves it off for
+such models.
 """
 
 from dataclasses import dataclass, field
@@ -86,17 +92,33 @@ def paged_attention(
     cache: LayerCache,
     meta: AttentionMetadata,
     workspace: Workspace,
+    # None: SDPA's own default, head_dim ** -0.5 (left to SDPA, so the families without a scale
+    # of their own keep exactly its arithmetic)
+    scale: float | None = None,
+    softcap: float | None = None,  # None: logits uncapped
 ) -> torch.Tensor:
     cache.write(meta.slot_mapping, k, v, meta.kernel)
     if len(meta.decodes) == 1 and not meta.prefills:  # the common pure-decode step
-        return _decode(q, cache, meta, meta.decodes[0], workspace)
+        return _decode(q, cache, meta, meta.decodes[0], workspace, scale, softcap)
     out = torch.empty_like(q)
     for group in meta.decodes:
         rows = slice(group.start, group.end)
-        out[rows] = _decode(q[rows], cache, meta, group, workspace)
+        out[rows] = _decode(q[rows], cache, meta, group, workspace, scale, softcap)
     for chunk in meta.prefills:
-        out[chunk.start : chunk.end] = _prefill(q, k, v, cache, chunk, workspace)
+        out[chunk.start : chunk.end] = _prefill(q, k, v, cache, chunk, workspace, scale, softcap)
     return out
+
+
+def _softcapped(query, keys, values, mask: torch.Tensor, scale, cap: float) -> torch.Tensor:
+    """Attention with capped logits, in transformers' eager order: scaled product, tanh(x / cap) *
+    cap, mask, softmax in float32. query [..., n, head_dim] against keys and values
+    [..., L, head_dim] (batch dims broadcast), mask [..., n, L] bool, True where visible."""
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    logits = torch.matmul(query, keys.transpose(-1, -2)) * scale
+    logits = torch.tanh(logits / cap) * cap
+    logits = logits.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, values)
 
 
 def _gather(
@@ -119,11 +141,13 @@ def _gather(
     return out[0], out[1]
 
 
-def _decode(q, cache: LayerCache, meta, group: DecodeGroup, workspace) -> torch.Tensor:
+def _decode(q, cache: LayerCache, meta, group: DecodeGroup, workspace, scale, softcap):
     rows, (_, block_size, kv_heads, head_dim) = group.end - group.start, cache.k.shape
     if meta.kernel is not None:
+        assert softcap is None, "the decode kernel does not cap logits"
         q, tables = q.contiguous(), group.block_ids.view(rows, group.blocks)
-        lens, scale, window = group.context_lens, head_dim**-0.5, meta.window or 0
+        scale = head_dim**-0.5 if scale is None else scale
+        lens, window = group.context_lens, meta.window or 0
         if cache.k_scale is None:
             return meta.kernel.paged_decode(q, cache.k, cache.v, tables, lens, scale, window)
         return meta.kernel.paged_decode_int8(
@@ -136,11 +160,16 @@ def _decode(q, cache: LayerCache, meta, group: DecodeGroup, workspace) -> torch.
     keys = keys.view(context).permute(2, 0, 1, 3)
     values = values.view(context).permute(2, 0, 1, 3)
     queries = q.view(rows, kv_heads, -1, head_dim).transpose(0, 1)
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask)
+    if softcap is not None:
+        out = _softcapped(queries, keys, values, group.mask, scale, softcap)
+    else:
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=group.mask, scale=scale
+        )
     return out.transpose(0, 1).reshape(rows, -1, head_dim)
 
 
-def _prefill(q, k, v, cache: LayerCache, chunk: PrefillChunk, workspace) -> torch.Tensor:
+def _prefill(q, k, v, cache: LayerCache, chunk: PrefillChunk, workspace, scale, softcap):
     # 4-D inputs ([1, heads, n, head_dim]): with 3-D ones PyTorch's CPU SDPA takes its slow
     # math path (measured 4x slower for a 300-token prompt).
     query = q[chunk.start : chunk.end].transpose(0, 1)[None]
@@ -149,12 +178,29 @@ def _prefill(q, k, v, cache: LayerCache, chunk: PrefillChunk, workspace) -> torc
         # as in vLLM: quantization only touches what is read back from the cache).
         keys = k[chunk.start : chunk.end].transpose(0, 1)[None]
         values = v[chunk.start : chunk.end].transpose(0, 1)[None]
-        out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=True)
     else:
         keys, values = _gather(cache, chunk.block_ids, workspace, q.dtype)
         keys = keys.flatten(0, 1)[: chunk.context_len].transpose(0, 1)[None]
         values = values.flatten(0, 1)[: chunk.context_len].transpose(0, 1)[None]
-        out = F.scaled_dot_product_attention(
-            query, keys, values, attn_mask=chunk.mask, enable_gqa=True
-        )
+    if softcap is not None:
+        n, kv_heads = chunk.end - chunk.start, keys.shape[1]
+        mask = chunk.mask
+        if mask is None:
+            mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        # [kv_heads, group, n, head_dim] against [kv_heads, 1, L, head_dim]: each kv head serves
+        # its group of consecutive query heads (transformers' repeat_kv), without repeating it.
+        grouped = query.reshape(kv_heads, -1, n, query.shape[-1])
+        keys, values = keys.transpose(0, 1), values.transpose(0, 1)
+        out = _softcapped(grouped, keys, values, mask, scale, softcap)
+        return out.view(query.shape)[0].transpose(0, 1)
+    causal = chunk.mask is None
+    out = F.scaled_dot_product_attention(
+        query,
+        keys,
+        values,
+        attn_mask=chunk.mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=True,
+    )
     return out[0].transpose(0, 1)

@@ -1,7 +1,8 @@
-"""The gated MLP every family shares (SwiGLU: silu(gate) * up, then down), and the module form of
-layers/linear.py's product. gate and up are fused into one matmul (one larger GEMM). Under tensor
-parallelism each rank holds a slice of the intermediate columns and down_proj ends in one
-all-reduce; an expert (layers/moe.py) returns its partial sum and the block reduces once."""
+"""The gated MLP every family shares (SwiGLU: silu(gate) * up, then down; Gemma's gate takes the
+tanh-approximated gelu instead), and the module form of layers/linear.py's product. gate and up
+are fused into one matmul (one larger GEMM). Under tensor parallelism each rank holds a slice of
+the intermediate columns and down_proj ends in one all-reduce; an expert (layers/moe.py) returns
+its partial sum and the block reduces once."""
 
 import functools
 from types import ModuleType
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvpilot_common.errors import ModelLoadError
 from kvpilot_server.engine.distributed.group import TensorParallel
 from kvpilot_server.engine.kernels import cpu_kernels
 from kvpilot_server.engine.layers.direct import Direct
@@ -18,6 +20,13 @@ from kvpilot_server.engine.layers.linear import linear
 # Rows up to which the compiled silu(gate) * up wins (measured on SmolLM2's MLP): its exp is
 # scalar and PyTorch's vectorized, so past a few rows PyTorch's per-call overhead is repaid.
 SILU_KERNEL_MAX_ROWS = 4
+
+# The gate's activation by the config's name (hidden_act; Gemma's hidden_activation), as
+# transformers' ACT2FN computes each.
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+}
 
 
 @functools.cache
@@ -36,10 +45,16 @@ class Linear(Direct, nn.Linear):
 
 
 class MLP(Direct):
-    def __init__(self, hidden: int, intermediate: int, bias: bool, tp: TensorParallel) -> None:
+    def __init__(
+        self, hidden: int, intermediate: int, bias: bool, tp: TensorParallel, act: str = "silu"
+    ) -> None:
         super().__init__()
+        if act not in ACTIVATIONS:
+            raise ModelLoadError(f"activation {act!r} is not supported: {', '.join(ACTIVATIONS)}")
         self.tp = tp
         self.intermediate = intermediate
+        self.act = ACTIVATIONS[act]
+        self.silu = act == "silu"  # the compiled silu(gate) * up serves it
         self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=bias)
         # Row-parallel: the bias is added once, on rank 0 (engine/distributed/sharding.py).
         self.down_proj = Linear(intermediate, hidden, bias=bias and tp.rank == 0)
@@ -48,11 +63,11 @@ class MLP(Direct):
         """This rank's share of the output, before the all-reduce."""
         gate_up = self.gate_up_proj(x)
         ops = layer_ops(gate_up)
-        small = gate_up.shape[0] <= SILU_KERNEL_MAX_ROWS
+        small = self.silu and gate_up.shape[0] <= SILU_KERNEL_MAX_ROWS
         if ops is not None and small and gate_up.dim() == 2 and gate_up.stride(1) == 1:
             return self.down_proj(ops.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.partial(x))

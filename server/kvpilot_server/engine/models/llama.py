@@ -58,17 +58,24 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(Direct):
-    def __init__(self, cfg: ModelConfig, window: int | None, tp: TensorParallel) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        window: int | None,
+        tp: TensorParallel,
+        norm: type[RMSNorm] = RMSNorm,  # q/k norms' kind (models/gemma.py has its own)
+    ) -> None:
         super().__init__()
         self.tp = tp
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.window = window
+        self.scale, self.softcap = cfg.attention_scale, cfg.attn_logit_softcapping
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
         # Row-parallel: the bias is added once, on rank 0 (engine/distributed/sharding.py).
         self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_bias and tp.rank == 0)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = norm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = norm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(
         self, x, cos, sin, kv_cache: LayerCache, metas: dict[int | None, AttentionMetadata], ws
@@ -81,7 +88,7 @@ class Attention(Direct):
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
         # One rotation for queries and keys together: half the ops of rotating each.
         q, k = rotate(qk, cos, sin).split_with_sizes((self.heads, self.kv_heads), dim=1)
-        out = paged_attention(q, k, v, kv_cache, metas[self.window], ws)
+        out = paged_attention(q, k, v, kv_cache, metas[self.window], ws, self.scale, self.softcap)
         return self.tp.all_reduce(self.o_proj(out.flatten(1)))
 
 
@@ -108,16 +115,20 @@ class DecoderLayer(Direct):
 
 
 class LlamaForCausalLM(nn.Module):
+    # A family with its own decoder layer or norm (models/gemma.py) names it here.
+    layer_class: type[nn.Module] = DecoderLayer
+    norm_class: type[RMSNorm] = RMSNorm
+
     def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.cfg = cfg
         self.tp = tp
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, window, self.build_mlp(cfg, index, tp), tp)
+            self.layer_class(cfg, window, self.build_mlp(cfg, index, tp), tp)
             for index, window in enumerate(cfg.layer_windows)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = self.norm_class(cfg.hidden_size, cfg.rms_norm_eps)
         self.workspace = Workspace()
         self.pools = False  # an embedding model: forward returns the final hidden states
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -126,12 +137,21 @@ class LlamaForCausalLM(nn.Module):
 
     def build_mlp(self, cfg: ModelConfig, index: int, tp: TensorParallel) -> nn.Module:
         """Layer `index`'s MLP: a family with another kind (models/moe.py) overrides this."""
-        return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
+        return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp, cfg.activation)
 
     @staticmethod
     def checkpoint_name(name: str) -> str:
         """A checkpoint tensor's name as this model spells it (the same, for Llama)."""
         return name
+
+    @staticmethod
+    def checkpoint_parts(
+        name: str, tensor: torch.Tensor, full: ModelConfig
+    ) -> list[tuple[str, torch.Tensor]]:
+        """The checkpoint tensor `name` (this model's spelling) as the Llama-named tensors the
+        loader places: a family whose checkpoint stores projections fused (models/phi3.py) cuts
+        them here, by the whole model's config `full` (itself, for Llama)."""
+        return [(name, tensor)]
 
     def finish_loading(self) -> None:
         """Called once every checkpoint tensor is in place: a family whose checkpoint stores a

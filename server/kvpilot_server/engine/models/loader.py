@@ -71,28 +71,31 @@ def _fill(
     if model.cfg.tie_word_embeddings or model.cfg.base_model:
         pending.discard(("lm_head.weight", 0))
     with torch.no_grad():
-        for hf_name, tensor in tensors:
-            name = model.checkpoint_name(hf_name.removeprefix("model."))
-            module, _, leaf = name.rpartition(".")
-            parent, _, proj = module.rpartition(".")
-            tensor = shard(proj, leaf, tensor, full, model.tp)
-            if tensor is None:
-                continue  # a row-parallel bias: rank 0 adds it
-            offset, rows = 0, None
-            fused = next((f for f in _FUSED if f"{parent}.{f}" in slices), None)
-            if fused is not None and proj in slices[f"{parent}.{fused}"]:
-                offset, rows = slices[f"{parent}.{fused}"][proj]
-                name = f"{parent}.{fused}.{leaf}"
-            if name not in params:
-                continue  # e.g. rotary inv_freq buffers, or lm_head when tied
-            target = params[name] if rows is None else params[name][offset : offset + rows]
-            if target.shape != tensor.shape:
-                raise ModelLoadError(
-                    f"Weight {hf_name} has shape {tuple(tensor.shape)}, "
-                    f"expected {tuple(target.shape)}"
-                )
-            target.copy_(tensor)
-            pending.discard((name, offset))
+        for hf_name, stored in tensors:
+            stored_name = model.checkpoint_name(hf_name.removeprefix("model."))
+            # Each part as a Llama checkpoint holds it (models/phi3.py cuts fused tensors).
+            for name, part in model.checkpoint_parts(stored_name, stored, full):
+                module, _, leaf = name.rpartition(".")
+                parent, _, proj = module.rpartition(".")
+                tensor = shard(proj, leaf, part, full, model.tp)
+                if tensor is None:
+                    continue  # a row-parallel bias: rank 0 adds it
+                offset, rows = 0, None
+                fused = next((f for f in _FUSED if f"{parent}.{f}" in slices), None)
+                if fused is not None and proj in slices[f"{parent}.{fused}"]:
+                    offset, rows = slices[f"{parent}.{fused}"][proj]
+                    name = f"{parent}.{fused}.{leaf}"
+                if name not in params:
+                    continue  # e.g. rotary inv_freq buffers, or lm_head when tied
+                target = params[name] if rows is None else params[name][offset : offset + rows]
+                if target.shape != tensor.shape:
+                    what = hf_name if part is stored else f"{hf_name}'s {proj} part"
+                    raise ModelLoadError(
+                        f"Weight {what} has shape {tuple(tensor.shape)}, "
+                        f"expected {tuple(target.shape)}"
+                    )
+                target.copy_(tensor)
+                pending.discard((name, offset))
     if pending:
         missing = sorted(f"{n}@{o}" if o else n for n, o in pending)
         raise ModelLoadError(f"Checkpoint is missing weights: {', '.join(missing[:8])}")

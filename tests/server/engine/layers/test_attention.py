@@ -1,4 +1,5 @@
-"""The compiled CPU decode kernel agrees with the PyTorch reference path, windows included."""
+"""The compiled CPU decode kernel agrees with the PyTorch reference path, windows and a layer's
+own query scale included; softcapped attention (Gemma 2) equals transformers' eager arithmetic."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ from kvpilot_server.engine.kernels import cpu_kernels
 from kvpilot_server.engine.layers.attention import (
     AttentionMetadata,
     DecodeGroup,
+    PrefillChunk,
     Workspace,
     paged_attention,
     visible_keys,
@@ -34,7 +36,8 @@ def _decode_meta(block_tables, lens, block_size, window, use_kernel) -> Attentio
 @pytest.mark.skipif(kernel is None, reason="the CPU kernel did not build on this machine")
 @pytest.mark.parametrize("head_dim", [24, 64, 128])  # 64, 128: compile-time paths
 @pytest.mark.parametrize(("block_size", "window"), [(1, None), (16, None), (16, 37), (32, 5)])
-def test_kernel_matches_reference(block_size, window, head_dim):
+@pytest.mark.parametrize("scale", [None, 0.3])  # None: head_dim ** -0.5 (Gemma has its own)
+def test_kernel_matches_reference(block_size, window, head_dim, scale):
     torch.manual_seed(block_size)
     rows, heads, kv_heads, num_blocks = 7, 6, 2, 1200
     caches = [torch.randn(num_blocks, block_size, kv_heads, head_dim) for _ in range(2)]
@@ -47,8 +50,50 @@ def test_kernel_matches_reference(block_size, window, head_dim):
     for use_kernel in (False, True):
         kc, vc = caches[0].clone(), caches[1].clone()
         meta = _decode_meta(tables, lens, block_size, window, use_kernel)
-        outs.append(paged_attention(q, k, v, LayerCache(kc, vc), meta, Workspace()))
+        outs.append(paged_attention(q, k, v, LayerCache(kc, vc), meta, Workspace(), scale))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+
+
+def _eager(q, keys, values, mask, scale: float, cap: float) -> torch.Tensor:
+    """transformers' eager attention with a softcap (Gemma 2's) for one sequence: keys repeated
+    per query head (repeat_kv), scaled product, tanh(x / cap) * cap, the mask added as the
+    dtype's minimum, softmax in float32. q [n, heads, d], keys [L, kv_heads, d], mask [n, L]."""
+    group = q.shape[1] // keys.shape[1]
+    k = keys.repeat_interleave(group, dim=1).transpose(0, 1)
+    v = values.repeat_interleave(group, dim=1).transpose(0, 1)
+    logits = torch.matmul(q.transpose(0, 1), k.transpose(1, 2)) * scale
+    logits = torch.tanh(logits / cap) * cap
+    logits = logits + torch.where(mask, 0.0, torch.finfo(torch.float32).min)
+    return torch.matmul(torch.softmax(logits, dim=-1, dtype=torch.float32), v).transpose(0, 1)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_softcapped_attention_matches_transformers_eager(window):
+    """One sequence of 30 tokens in 4-token blocks: a fresh prefill of 20, a chunk of 9 over
+    them, then a decode; each equals the eager computation over the whole sequence."""
+    torch.manual_seed(3)
+    block_size, heads, kv_heads, d, scale, cap, length = 4, 6, 2, 16, 0.3, 2.0, 30
+    q, k, v = (torch.randn(length, h, d) * 2 for h in (heads, kv_heads, kv_heads))
+    blocks = torch.randperm(12)[: -(-length // block_size)]
+    positions = torch.arange(length)
+    slots = blocks[positions // block_size] * block_size + positions % block_size
+    expected = _eager(q, k, v, visible_keys(positions, length, window), scale, cap)
+    cache = LayerCache(*(torch.zeros(12, block_size, kv_heads, d) for _ in range(2)))
+
+    def run(start: int, end: int, meta: AttentionMetadata) -> None:
+        meta.slot_mapping = slots[start:end]
+        out = paged_attention(
+            q[start:end], k[start:end], v[start:end], cache, meta, Workspace(), scale, cap
+        )
+        torch.testing.assert_close(out, expected[start:end], atol=1e-5, rtol=1e-5)
+
+    fresh = None if window is None else visible_keys(positions[:20], 20, window)
+    run(0, 20, AttentionMetadata(slots, window, prefills=[PrefillChunk(0, 20, blocks, 20, fresh)]))
+    chunk = PrefillChunk(0, 9, blocks, 29, visible_keys(positions[20:29], 29, window))
+    run(20, 29, AttentionMetadata(slots, window, prefills=[chunk]))
+    mask = visible_keys(positions[29:], len(blocks) * block_size, window)[None, :, None]
+    group = DecodeGroup(0, 1, blocks, len(blocks), mask, torch.tensor([length]))
+    run(29, 30, AttentionMetadata(slots, window, decodes=[group]))
 
 
 @pytest.mark.skipif(kernel is None, reason="the CPU kernel did not build on this machine")

@@ -71,7 +71,7 @@ def _bytes_for_tokens(path, tokens: int) -> int:
 def test_reference_attention_path_matches_hf(tiny_dir, corpus_ids, hf_greedy, monkeypatch):
     """Without the compiled kernel the PyTorch reference path serves decodes; it stays exact."""
     monkeypatch.setenv("KVPILOT_CPU_KERNELS", "0")
-    for name in ("llama", "mistral-window", "qwen3"):
+    for name in ("llama", "mistral-window", "qwen3", "gemma3"):
         path = tiny_dir(name)
         llm = LLM(str(path), kv_cache_bytes=64 * MiB, max_num_batched_tokens=40)
         assert llm.engine.runner.kernel is None

@@ -11,50 +11,18 @@ absorbed by loosening equality everywhere."""
 import random
 
 import pytest
-import torch
 
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine.layers.moe import SparseMoe
-from kvpilot_server.engine.layers.quant import quantize_int8
+from kvpilot_testing.hf_reference import hf_greedy_of, hf_with_int8_weights
 
 MiB = 1 << 20
 MOE_MODELS = ["mixtral", "qwen2-moe", "qwen3-moe"]
-# transformers' names for the linear weights kvpilot quantizes: attention and MLP projections,
-# and the experts' fused 3-D tensors; not the router (mlp.gate) or the shared expert's gate.
-QUANTIZED = ("_proj.weight", "experts.gate_up_proj", "experts.down_proj")
 
 
 def _prompts(corpus_ids: list[int], lengths: list[int], seed: int = 5) -> list[list[int]]:
     rng = random.Random(seed)
     return [corpus_ids[(start := rng.randrange(0, 800)) : start + n] for n in lengths]
-
-
-def _hf_with_int8_weights(path):
-    """Hugging Face's model with each quantized weight replaced by what int8 stores: a scale per
-    output row times an integer (transformers holds experts as [experts, out, in] tensors, so
-    rows are rows there too)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(QUANTIZED):
-                rows = param.reshape(-1, param.shape[-1])
-                q, scale = quantize_int8(rows)
-                param.copy_((q.float() * scale[:, None]).view_as(param))
-    return model
-
-
-def _greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=model.config.eos_token_id,
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("name", MOE_MODELS)
@@ -65,9 +33,9 @@ def test_int8_experts_match_hf_on_the_same_int8_weights(name, tiny_dir, corpus_i
     llm = LLM(str(path), quantization="int8", kv_cache_bytes=16 * MiB)
     prompts = _prompts(corpus_ids, [3, 40, 120, 17])
     params = SamplingParams(max_tokens=16, temperature=0.0)
-    reference = _hf_with_int8_weights(path)
+    reference = hf_with_int8_weights(path)
     for prompt, out in zip(prompts, llm.generate(prompts, params), strict=True):
-        assert out.outputs[0].token_ids == _greedy(reference, prompt, 16)
+        assert out.outputs[0].token_ids == hf_greedy_of(reference, prompt, 16)
 
 
 def test_a_decode_step_reads_only_the_chosen_experts(tiny_dir, corpus_ids, monkeypatch):
@@ -88,7 +56,7 @@ def test_a_decode_step_reads_only_the_chosen_experts(tiny_dir, corpus_ids, monke
     prompt = corpus_ids[:20]
     llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))  # prefill
     ran.clear()
-    llm.generate([prompt + [corpus_ids[20]]], SamplingParams(max_tokens=1, temperature=0.0))
+    llm.generate([[*prompt, corpus_ids[20]]], SamplingParams(max_tokens=1, temperature=0.0))
     # The second request hits the prefix cache (blocks of one token): it computes one token.
     for b, block in enumerate(blocks):
         chosen = [e for blk, e in ran if blk == b]

@@ -67,6 +67,18 @@ def test_unknown_architecture_lists_supported_ones(tiny_dir, tmp_path):
         LLM(str(model), kv_cache_bytes=1 << 20)
 
 
+def test_partial_rotary_is_refused_by_name(tiny_dir, tmp_path):
+    """Phi-4-mini rotates 3/4 of each head; the engine rotates whole heads and says so rather
+    than rotate the rest as well."""
+    model = _copy(tiny_dir("phi3"), tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    del config["rope_parameters"]  # Phi-4-mini's config.json spells it as transformers 4 did
+    config.update(partial_rotary_factor=0.75, rope_theta=10000.0)
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=r"partial_rotary_factor 0.75 is not supported"):
+        LLM(str(model), kv_cache_bytes=1 << 20)
+
+
 def test_missing_model_path():
     with pytest.raises(ModelLoadError, match="does not exist"):
         LLM("/nonexistent/model/dir")

@@ -1,0 +1,43 @@
+"""Hugging Face models as references beyond conftest's float32 oracle: the same checkpoint with
+the weights int8 stores, and greedy generation from any such model."""
+
+from pathlib import Path
+
+# transformers' names for the linear weights kvpilot quantizes: attention and MLP projections
+# (Phi-3's fused qkv_proj and gate_up_proj among them), and the experts' fused 3-D tensors; not
+# the router (mlp.gate) or the shared expert's gate.
+QUANTIZED = ("_proj.weight", "experts.gate_up_proj", "experts.down_proj")
+
+
+def hf_with_int8_weights(path: Path):
+    """Hugging Face's model with each quantized weight replaced by what int8 stores: a scale per
+    output row times an integer (a fused projection's rows are its parts' rows; transformers
+    holds experts as [experts, out, in] tensors, so rows are rows there too)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kvpilot_server.engine.layers.quant import quantize_int8
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(QUANTIZED):
+                rows = param.reshape(-1, param.shape[-1])
+                q, scale = quantize_int8(rows)
+                param.copy_((q.float() * scale[:, None]).view_as(param))
+    return model
+
+
+def hf_greedy_of(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """model.generate(do_sample=False) for one prompt: its new tokens."""
+    import torch
+
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=model.config.eos_token_id,
+        )
+    return out[0, len(prompt) :].tolist()
