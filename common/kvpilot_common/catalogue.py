@@ -82,6 +82,7 @@ CONFIGS: dict[str, dict] = {
         "attention_bias": True,
         "num_local_experts": 32,
         "num_experts_per_tok": 4,
+        "quantization_config": {"quant_method": "mxfp4"},  # as released: the engine refuses it
     },
     "hf://openai/gpt-oss-120b": {
         "architectures": ["GptOssForCausalLM"],
@@ -98,6 +99,7 @@ CONFIGS: dict[str, dict] = {
         "attention_bias": True,
         "num_local_experts": 128,
         "num_experts_per_tok": 4,
+        "quantization_config": {"quant_method": "mxfp4"},
     },
     # Multimodal: the language model's fields are under text_config.
     "hf://google/gemma-3-27b-it": {

@@ -82,6 +82,8 @@ class ModelShape:
     # out the embedding table, of which a token reads one row. Dense models: params.
     active_params: int
     experts: Experts | None = None  # None: a dense model
+    # Why the engine refuses the checkpoint's stored form (pre-quantized), or None.
+    prequantized: str | None = None
 
     @property
     def embedding_params(self) -> int:
@@ -92,14 +94,15 @@ def unserved(shape: ModelShape) -> str | None:
     """Why the engine would refuse to load this model, in its own words, or None when it
     serves the architecture."""
     if shape.architecture in precision.ARCHITECTURES:
-        return None
+        return shape.prequantized
     return str(UnsupportedArchitectureError(shape.architecture, list(precision.ARCHITECTURES)))
 
 
 @dataclass(frozen=True)
 class _Extras:
-    """A layer's tensors beyond what precision.layout describes: Gemma's extra norms, and the
-    layouts of architectures the catalogue plans for and the engine does not serve
+    """A layer's tensors beyond what precision.layout describes: Gemma's extra norms, gpt-oss's
+    sinks and router and expert biases (engine/models/gpt_oss.py builds the same), and the
+    layouts of any architecture the catalogue plans for and the engine does not serve
     (precision.layout takes those to be plain Llama)."""
 
     qk_norm: bool = False
@@ -165,6 +168,7 @@ def shape_from_config(config: Mapping) -> ModelShape:
         architecture=architecture,
         active_params=active,
         experts=experts,
+        prequantized=precision.prequantized_problem(config.get("quantization_config")),
     )
 
 

@@ -190,6 +190,9 @@ class Architecture:
     # Gemma 2 caps attention logits (tanh(x / cap) * cap, its attn_logit_softcapping); transformers'
     # Gemma 3 has the config field too but never applies it.
     attention_softcap: bool = False
+    # gpt-oss: a learned logit per attention head joins each softmax (an "attention sink": it
+    # takes probability mass and adds no value).
+    attention_sinks: bool = False
 
 
 # Keyed by the class name in config.json's "architectures", not by its "model_type": the class
@@ -211,6 +214,11 @@ ARCHITECTURES = MappingProxyType(
         "Gemma3ForCausalLM": Architecture(qk_norm=True),
         # Phi-3 and Phi-4: their checkpoints store q/k/v and gate/up fused (models/phi3.py).
         "Phi3ForCausalLM": Architecture(),
+        # gpt-oss (engine/models/gpt_oss.py): biases on q/k/v/o, attention sinks, alternating
+        # sliding and full layers; every layer a mixture of experts whose router and experts
+        # have biases, routed top-k first, with a clamped SwiGLU. Float checkpoints only: the
+        # released ones' MXFP4 experts are refused at load (model_config.py).
+        "GptOssForCausalLM": Architecture(moe=True, attention_sinks=True),
     }
 )
 
@@ -223,6 +231,23 @@ class Layout:
     o_bias: bool
     mlp_bias: bool
     qk_norm: bool
+
+
+def prequantized_problem(quantization_config: object) -> str | None:
+    """Why the engine refuses a checkpoint stored pre-quantized (config.json's
+    `quantization_config`, a dict or transformers' object), or None for float weights."""
+    if not quantization_config:
+        return None
+    if isinstance(quantization_config, Mapping):
+        method = quantization_config.get("quant_method")
+    else:
+        method = getattr(quantization_config, "quant_method", None)
+    method = method or "unnamed"
+    return (
+        f"pre-quantized checkpoints are not supported (quantization_config: {method}): "
+        "kvpilot loads float weights (float32, bfloat16, float16) and quantizes them itself "
+        "(--quantization); use a dequantized copy of this model"
+    )
 
 
 def architecture_name(config: Mapping) -> str:

@@ -12,7 +12,9 @@ QUANTIZED = ("_proj.weight", "experts.gate_up_proj", "experts.down_proj")
 def hf_with_int8_weights(path: Path):
     """Hugging Face's model with each quantized weight replaced by what int8 stores: a scale per
     output row times an integer (a fused projection's rows are its parts' rows; transformers
-    holds experts as [experts, out, in] tensors, so rows are rows there too)."""
+    holds most families' experts as [experts, out, in] tensors, so rows are rows there too, and
+    gpt-oss's as [experts, in, out] (its experts module says `is_transposed`), whose output rows
+    are their columns; gate and up interleaved there is no matter: a row's scale is its own)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -22,9 +24,11 @@ def hf_with_int8_weights(path: Path):
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(QUANTIZED):
-                rows = param.reshape(-1, param.shape[-1])
-                q, scale = quantize_int8(rows)
-                param.copy_((q.float() * scale[:, None]).view_as(param))
+                owner = model.get_submodule(name.rpartition(".")[0])
+                transposed = getattr(owner, "is_transposed", False)
+                weight = param.transpose(-1, -2) if transposed else param
+                q, scale = quantize_int8(weight.reshape(-1, weight.shape[-1]))
+                weight.copy_((q.float() * scale[:, None]).view(weight.shape))
     return model
 
 

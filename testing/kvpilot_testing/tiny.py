@@ -89,6 +89,32 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
             "attn_logit_softcapping": 1.0,
         },
     ),
+    # gpt-oss: sliding (window 24) and full layers alternating, attention sinks, yarn rope (as
+    # the real model's 4096 x 32, here 256 x 4: this context, some dimensions interpolated and
+    # some not), 8 experts top-2, routed top-k first. The SwiGLU's limit is lowered from 7 so
+    # that its clamps bite at these activations' size.
+    "gpt-oss": (
+        "GptOssConfig",
+        {
+            "tie_word_embeddings": False,
+            "head_dim": 16,
+            "sliding_window": 24,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 64,
+            "swiglu_limit": 1.5,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 256,
+            },
+        },
+    ),
 }
 # Gemma's norms scale by 1 + weight and transformers starts every weight at zero: drawn at
 # random here, so that a norm computed otherwise (1 dropped, or rounded with w) would show. Its
@@ -96,6 +122,9 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
 # own row would then dominate its tied logits (greedy repeats one token), so the table is
 # divided by that factor.
 GEMMA_MODELS = ("gemma2", "gemma3")
+# transformers starts gpt-oss's attention and expert biases at zero: drawn at random (as
+# TINY_PARALLEL_MODELS' are), so that a bias dropped, sliced wrong or added once per rank shows.
+RANDOM_BIAS_MODELS = ("gpt-oss",)
 # For tensor parallelism (not in TINY_MODELS' every-test matrix): one KV head, fewer than two
 # ranks, so it is replicated; biases on every projection, drawn at random (transformers starts
 # them at zero), so a row-parallel bias added once per rank instead of once would show.
@@ -162,10 +191,10 @@ def build_tiny_model(name: str, target: Path, tokenizer_dir: Path, seed: int = 0
                 if "norm." in key:
                     param.normal_(0.0, TINY_BASE["initializer_range"])
             model.get_input_embeddings().weight.div_(config.hidden_size**0.5)
-    if name in TINY_PARALLEL_MODELS:
+    if name in TINY_PARALLEL_MODELS or name in RANDOM_BIAS_MODELS:
         with torch.no_grad():
             for key, param in model.named_parameters():
-                if key.endswith(".bias"):
+                if key.endswith((".bias", "_bias")):  # gpt-oss: experts.gate_up_proj_bias
                     param.normal_(0.0, TINY_BASE["initializer_range"])
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

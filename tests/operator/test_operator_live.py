@@ -134,9 +134,9 @@ def test_liveness_endpoint_answers(cluster):
         ("hf://meta-llama/Llama-3.1-70B-Instruct", "InsufficientGPUMemory", "23034 MiB"),
         # Catalogued, and an architecture the engine would refuse at load: no crash-looping pod.
         (
-            "hf://openai/gpt-oss-20b",
+            "hf://google/gemma-3-27b-it",
             "UnsupportedArchitecture",
-            "Unsupported model architecture 'GptOssForCausalLM'. kvpilot supports: ",
+            "Unsupported model architecture 'Gemma3ForConditionalGeneration'. kvpilot supports: ",
         ),
     ],
 )

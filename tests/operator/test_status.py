@@ -215,7 +215,7 @@ UNSERVED = [
 
 @pytest.mark.parametrize("source", UNSERVED)
 def test_a_catalogued_architecture_the_engine_does_not_serve_is_degraded_before_any_pod(source):
-    # It may well fit (gpt-oss-20b: 39 GiB of weights on an H100): that is not the question.
+    # It may well fit (gemma-3-27b-it: 50 GiB of weights on an H100): that is not the question.
     body = _body(1, model={"source": source}, resources={"gpus": 1, "gpuType": "H100-80GB"})
     fit = check(Spec.from_defaulted(body))
     assert fit.fits is False and fit.capacity is None

@@ -147,7 +147,17 @@ def test_an_architecture_the_engine_does_not_serve_is_named_in_its_words():
     assert said == "Unsupported model architecture 'GPTNeoXForCausalLM'."
     assert supported.rstrip(".").split(", ") == sorted(precision.ARCHITECTURES)
     for shape in KNOWN_MODELS.values():
-        assert (unserved(shape) is None) == (shape.architecture in precision.ARCHITECTURES)
+        served = shape.architecture in precision.ARCHITECTURES and shape.prequantized is None
+        assert (unserved(shape) is None) == served
+
+
+def test_a_prequantized_release_is_refused_in_the_engines_words():
+    """gpt-oss's release stores its experts in MXFP4: the architecture is served, the stored
+    form is not, and plan and the operator say so as the engine would at load."""
+    shape = KNOWN_MODELS["hf://openai/gpt-oss-20b"]
+    assert shape.architecture in precision.ARCHITECTURES
+    assert unserved(shape) == precision.prequantized_problem({"quant_method": "mxfp4"})
+    assert "quantization_config: mxfp4" in unserved(shape)
 
 
 def test_known_smollm2_shape_matches_its_config(smollm2):

@@ -3,7 +3,8 @@ all-reduce after each row-parallel projection.
 
 Column-parallel (each rank a slice of the output rows): the fused qkv projection (its query
 heads and KV heads, kvpilot_common.parallelism says which) and the fused gate/up projection
-(its columns of the intermediate size). Row-parallel (each rank a slice of the input columns):
+(its columns of the intermediate size), and with them gpt-oss's attention sinks, one per query
+head, and the experts' gate and up biases. Row-parallel (each rank a slice of the input columns):
 o_proj and down_proj, whose partial sums one all-reduce adds up. Their biases are added on rank
 0 alone, so the sum counts them once. Norms, the embedding and lm_head are replicated: sampling
 needs every logit on rank 0 anyway, so a vocabulary-parallel lm_head would add an all-gather
@@ -68,7 +69,11 @@ def local_config(cfg: ModelConfig, size: int) -> ModelConfig:
 def shard(proj: str, leaf: str, tensor: torch.Tensor, cfg: ModelConfig, tp: TensorParallel):
     """This rank's part of the checkpoint tensor `<proj>.<leaf>` of the full model `cfg`; None
     when the rank holds none of it (a row-parallel bias off rank 0)."""
-    if tp.size == 1 or proj not in _COLUMN + _ROW:
+    if tp.size == 1:
+        return tensor
+    if leaf == "sinks":  # gpt-oss: one per query head, which q_proj's rows split as these do
+        return tensor.chunk(tp.size)[tp.rank]
+    if proj not in _COLUMN + _ROW:
         return tensor
     if proj in _ROW:
         if leaf == "bias":

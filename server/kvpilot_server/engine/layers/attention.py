@@ -10,11 +10,12 @@ Gathers write into a reusable workspace: a fresh tensor of tens of MB per layer 
 mmapped and page-faulted on every call, which costs more than the copy itself. A quantized
 cache (kv_cache.py) is gathered as bytes with its scales and dequantized there before SDPA.
 
-A layer may give its own query scale (Gemma: query_pre_attn_scalar ** -0.5, not head_dim ** -0.5)
-and a logit softcap (Gemma 2: tanh(logits / cap) * cap before the softmax). SDPA has no step
-between its product and its softmax, so capped layers take `_softcapped`, transformers' eager
-arithmetic; the compiled decode kernel has none either, and the model runner leaves it off for
-such models.
+A layer may give its own query scale (Gemma: query_pre_attn_scalar ** -0.5, not head_dim ** -0.5),
+a logit softcap (Gemma 2: tanh(logits / cap) * cap before the softmax) and attention sinks
+(gpt-oss: a learned logit per head that joins each query's softmax, taking probability mass and
+adding no value). SDPA has no step between its product and its softmax, so such layers take
+`_eager`, transformers' eager arithmetic; the compiled decode kernel has none either, and the
+model runner leaves it off for such models.
 """
 
 from dataclasses import dataclass, field
@@ -96,29 +97,40 @@ def paged_attention(
     # of their own keep exactly its arithmetic)
     scale: float | None = None,
     softcap: float | None = None,  # None: logits uncapped
+    sinks: torch.Tensor | None = None,  # [heads] one more logit per head; None: no sinks
 ) -> torch.Tensor:
     cache.write(meta.slot_mapping, k, v, meta.kernel)
+    extra = softcap, sinks
     if len(meta.decodes) == 1 and not meta.prefills:  # the common pure-decode step
-        return _decode(q, cache, meta, meta.decodes[0], workspace, scale, softcap)
+        return _decode(q, cache, meta, meta.decodes[0], workspace, scale, *extra)
     out = torch.empty_like(q)
     for group in meta.decodes:
         rows = slice(group.start, group.end)
-        out[rows] = _decode(q[rows], cache, meta, group, workspace, scale, softcap)
+        out[rows] = _decode(q[rows], cache, meta, group, workspace, scale, *extra)
     for chunk in meta.prefills:
-        out[chunk.start : chunk.end] = _prefill(q, k, v, cache, chunk, workspace, scale, softcap)
+        out[chunk.start : chunk.end] = _prefill(q, k, v, cache, chunk, workspace, scale, *extra)
     return out
 
 
-def _softcapped(query, keys, values, mask: torch.Tensor, scale, cap: float) -> torch.Tensor:
-    """Attention with capped logits, in transformers' eager order: scaled product, tanh(x / cap) *
-    cap, mask, softmax in float32. query [..., n, head_dim] against keys and values
-    [..., L, head_dim] (batch dims broadcast), mask [..., n, L] bool, True where visible."""
+def _eager(query, keys, values, mask: torch.Tensor, scale, cap, sinks) -> torch.Tensor:
+    """Attention in transformers' eager order: scaled product, tanh(x / cap) * cap where capped,
+    mask, the sink logits appended where given (`sinks` broadcast to [..., n, 1]), softmax in
+    float32, the sinks' column dropped. query [..., n, head_dim] against keys and values
+    [..., L, head_dim] (batch dims broadcast), mask [..., n, L] bool, True where visible.
+    transformers' gpt-oss also subtracts each row's maximum first: softmax itself does exactly
+    that, so the probabilities are the same floats."""
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     logits = torch.matmul(query, keys.transpose(-1, -2)) * scale
-    logits = torch.tanh(logits / cap) * cap
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
     logits = logits.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(weights, values)
+    if sinks is None:
+        weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    else:
+        sinks = sinks.to(logits.dtype).expand(*logits.shape[:-1], 1)
+        combined = torch.cat((logits, sinks), dim=-1)
+        weights = torch.softmax(combined, dim=-1, dtype=torch.float32)[..., :-1]
+    return torch.matmul(weights.to(query.dtype), values)
 
 
 def _gather(
@@ -141,10 +153,10 @@ def _gather(
     return out[0], out[1]
 
 
-def _decode(q, cache: LayerCache, meta, group: DecodeGroup, workspace, scale, softcap):
+def _decode(q, cache: LayerCache, meta, group: DecodeGroup, workspace, scale, softcap, sinks):
     rows, (_, block_size, kv_heads, head_dim) = group.end - group.start, cache.k.shape
     if meta.kernel is not None:
-        assert softcap is None, "the decode kernel does not cap logits"
+        assert softcap is None and sinks is None, "the decode kernel has no cap and no sinks"
         q, tables = q.contiguous(), group.block_ids.view(rows, group.blocks)
         scale = head_dim**-0.5 if scale is None else scale
         lens, window = group.context_lens, meta.window or 0
@@ -160,8 +172,10 @@ def _decode(q, cache: LayerCache, meta, group: DecodeGroup, workspace, scale, so
     keys = keys.view(context).permute(2, 0, 1, 3)
     values = values.view(context).permute(2, 0, 1, 3)
     queries = q.view(rows, kv_heads, -1, head_dim).transpose(0, 1)
-    if softcap is not None:
-        out = _softcapped(queries, keys, values, group.mask, scale, softcap)
+    if softcap is not None or sinks is not None:
+        # Each query head's sink on its own row of its kv head's group: [kv_heads, 1, group, 1].
+        sinks = None if sinks is None else sinks.view(kv_heads, 1, -1, 1)
+        out = _eager(queries, keys, values, group.mask, scale, softcap, sinks)
     else:
         out = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=group.mask, scale=scale
@@ -169,7 +183,7 @@ def _decode(q, cache: LayerCache, meta, group: DecodeGroup, workspace, scale, so
     return out.transpose(0, 1).reshape(rows, -1, head_dim)
 
 
-def _prefill(q, k, v, cache: LayerCache, chunk: PrefillChunk, workspace, scale, softcap):
+def _prefill(q, k, v, cache: LayerCache, chunk: PrefillChunk, workspace, scale, softcap, sinks):
     # 4-D inputs ([1, heads, n, head_dim]): with 3-D ones PyTorch's CPU SDPA takes its slow
     # math path (measured 4x slower for a 300-token prompt).
     query = q[chunk.start : chunk.end].transpose(0, 1)[None]
@@ -182,7 +196,7 @@ def _prefill(q, k, v, cache: LayerCache, chunk: PrefillChunk, workspace, scale, 
         keys, values = _gather(cache, chunk.block_ids, workspace, q.dtype)
         keys = keys.flatten(0, 1)[: chunk.context_len].transpose(0, 1)[None]
         values = values.flatten(0, 1)[: chunk.context_len].transpose(0, 1)[None]
-    if softcap is not None:
+    if softcap is not None or sinks is not None:
         n, kv_heads = chunk.end - chunk.start, keys.shape[1]
         mask = chunk.mask
         if mask is None:
@@ -191,7 +205,8 @@ def _prefill(q, k, v, cache: LayerCache, chunk: PrefillChunk, workspace, scale, 
         # its group of consecutive query heads (transformers' repeat_kv), without repeating it.
         grouped = query.reshape(kv_heads, -1, n, query.shape[-1])
         keys, values = keys.transpose(0, 1), values.transpose(0, 1)
-        out = _softcapped(grouped, keys, values, mask, scale, softcap)
+        sinks = None if sinks is None else sinks.view(kv_heads, -1, 1, 1)
+        out = _eager(grouped, keys, values, mask, scale, softcap, sinks)
         return out.view(query.shape)[0].transpose(0, 1)
     causal = chunk.mask is None
     out = F.scaled_dot_product_attention(

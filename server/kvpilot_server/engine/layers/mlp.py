@@ -1,8 +1,8 @@
 """The gated MLP every family shares (SwiGLU: silu(gate) * up, then down; Gemma's gate takes the
-tanh-approximated gelu instead), and the module form of layers/linear.py's product. gate and up
-are fused into one matmul (one larger GEMM). Under tensor parallelism each rank holds a slice of
-the intermediate columns and down_proj ends in one all-reduce; an expert (layers/moe.py) returns
-its partial sum and the block reduces once."""
+tanh-approximated gelu instead; gpt-oss's experts a clamped SwiGLU), and the module form of
+layers/linear.py's product. gate and up are fused into one matmul (one larger GEMM). Under
+tensor parallelism each rank holds a slice of the intermediate columns and down_proj ends in one
+all-reduce; an expert (layers/moe.py) returns its partial sum and the block reduces once."""
 
 import functools
 from types import ModuleType
@@ -29,6 +29,15 @@ ACTIVATIONS = {
 }
 
 
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float):
+    """gpt-oss's gated unit (transformers' GptOssExperts._apply_gate, in its order): gate capped
+    above and up on both sides at `limit`, then gate * sigmoid(alpha * gate) * (up + 1). Not of
+    the act(gate) * up form of ACTIVATIONS, hence its own branch in MLP."""
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
 @functools.cache
 def _compiled_layer_ops() -> ModuleType | None:
     return cpu_kernels.load()  # looked up once: reading the environment costs µs
@@ -46,7 +55,13 @@ class Linear(Direct, nn.Linear):
 
 class MLP(Direct):
     def __init__(
-        self, hidden: int, intermediate: int, bias: bool, tp: TensorParallel, act: str = "silu"
+        self,
+        hidden: int,
+        intermediate: int,
+        bias: bool,
+        tp: TensorParallel,
+        act: str = "silu",
+        swiglu: tuple[float, float] | None = None,  # (alpha, limit): clamped_swiglu, not act
     ) -> None:
         super().__init__()
         if act not in ACTIVATIONS:
@@ -54,7 +69,8 @@ class MLP(Direct):
         self.tp = tp
         self.intermediate = intermediate
         self.act = ACTIVATIONS[act]
-        self.silu = act == "silu"  # the compiled silu(gate) * up serves it
+        self.swiglu = swiglu
+        self.silu = act == "silu" and swiglu is None  # the compiled silu(gate) * up serves it
         self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=bias)
         # Row-parallel: the bias is added once, on rank 0 (engine/distributed/sharding.py).
         self.down_proj = Linear(intermediate, hidden, bias=bias and tp.rank == 0)
@@ -67,6 +83,8 @@ class MLP(Direct):
         if ops is not None and small and gate_up.dim() == 2 and gate_up.stride(1) == 1:
             return self.down_proj(ops.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate, dim=-1)
+        if self.swiglu is not None:
+            return self.down_proj(clamped_swiglu(gate, up, *self.swiglu))
         return self.down_proj(self.act(gate) * up)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -76,6 +76,8 @@ class Attention(Direct):
         self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_bias and tp.rank == 0)
         self.q_norm = norm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = norm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # gpt-oss: a learned logit per (this rank's) head in its softmax (layers/attention.py).
+        self.sinks = nn.Parameter(torch.empty(self.heads)) if cfg.attention_sinks else None
 
     def forward(
         self, x, cos, sin, kv_cache: LayerCache, metas: dict[int | None, AttentionMetadata], ws
@@ -88,7 +90,8 @@ class Attention(Direct):
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
         # One rotation for queries and keys together: half the ops of rotating each.
         q, k = rotate(qk, cos, sin).split_with_sizes((self.heads, self.kv_heads), dim=1)
-        out = paged_attention(q, k, v, kv_cache, metas[self.window], ws, self.scale, self.softcap)
+        meta = metas[self.window]
+        out = paged_attention(q, k, v, kv_cache, meta, ws, self.scale, self.softcap, self.sinks)
         return self.tp.all_reduce(self.o_proj(out.flatten(1)))
 
 

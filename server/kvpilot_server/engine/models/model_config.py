@@ -50,6 +50,11 @@ class ModelConfig:
     # base 10k, the full layers' 1M); None: every layer rotates by inv_freq.
     local_inv_freq: torch.Tensor | None = None
     local_rope_scaling: float = 1.0
+    # gpt-oss (models/gpt_oss.py): a sink logit per head in each attention softmax, and its
+    # experts' clamped SwiGLU as (alpha, limit), in place of hidden_act's silu (which its config
+    # names, and transformers' experts do not apply).
+    attention_sinks: bool = False
+    swiglu: tuple[float, float] | None = None
 
     @classmethod
     def from_hf(cls, hf: PretrainedConfig) -> "ModelConfig":
@@ -66,6 +71,10 @@ class ModelConfig:
         long_inv_freq, short_rope_len = _long_rope(hf)
         if getattr(hf, "use_bidirectional_attention", False):  # Gemma 3's embedding variant
             raise ModelLoadError("bidirectional attention (an embedding model) is not supported")
+        # e.g. gpt-oss's release: MXFP4 experts, stored as blocks and scales
+        prequantized = precision.prequantized_problem(getattr(hf, "quantization_config", None))
+        if prequantized:
+            raise ModelLoadError(prequantized)
         scalar = getattr(hf, "query_pre_attn_scalar", None)
         # transformers' Gemma 3 keeps attn_logit_softcapping in its config but never applies it.
         quirks = precision.ARCHITECTURES[arch]
@@ -99,9 +108,20 @@ class ModelConfig:
             final_logit_softcapping=getattr(hf, "final_logit_softcapping", None),
             local_inv_freq=local_inv_freq,
             local_rope_scaling=local_scaling,
+            attention_sinks=quirks.attention_sinks,
+            swiglu=_swiglu(hf),
             eos_token_ids=[e for e in eos if e is not None],
             experts=from_config(hf.to_dict()),
         )
+
+
+def _swiglu(hf: PretrainedConfig) -> tuple[float, float] | None:
+    """gpt-oss's (alpha, limit); None for every other family (no swiglu_limit). transformers 4's
+    config had no alpha: its code fixed 1.702, as transformers 5's default is."""
+    limit = getattr(hf, "swiglu_limit", None)
+    if limit is None:
+        return None
+    return float(getattr(hf, "swiglu_alpha", 1.702)), float(limit)
 
 
 def _windows(hf: PretrainedConfig) -> list[int | None]:

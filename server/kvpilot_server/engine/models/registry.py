@@ -3,6 +3,7 @@ its layers (engine/layers/). The architectures the engine accepts at all are
 kvpilot_common.precision.ARCHITECTURES (model_config refuses the others, naming them)."""
 
 from kvpilot_server.engine.models.gemma import GemmaForCausalLM
+from kvpilot_server.engine.models.gpt_oss import GptOssForCausalLM
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.model_config import ModelConfig
 from kvpilot_server.engine.models.moe import MoeForCausalLM
@@ -16,6 +17,7 @@ FAMILIES: dict[str, type[LlamaForCausalLM]] = {
     "Gemma2ForCausalLM": GemmaForCausalLM,
     "Gemma3ForCausalLM": GemmaForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 

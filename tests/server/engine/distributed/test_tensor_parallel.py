@@ -35,14 +35,25 @@ def open_engines():
 
 @pytest.mark.parametrize(
     "name",
-    ["llama-mqa-bias", "qwen3", "mistral-window", "qwen2-moe", "mixtral", "phi3", "gemma3"],
+    [
+        "llama-mqa-bias",
+        "qwen3",
+        "mistral-window",
+        "qwen2-moe",
+        "mixtral",
+        "phi3",
+        "gemma3",
+        "gpt-oss",
+    ],
 )
 def test_two_ranks_match_hf(name, tiny_dir, corpus_ids, hf_greedy, open_engines):
     """llama-mqa-bias: one KV head (fewer than the ranks: replicated) and random biases on every
     projection; qwen3: q/k norms, tied embeddings; mistral-window: sliding-window attention;
     qwen2-moe and mixtral: every rank a slice of every expert (and of the shared expert); phi3:
     q/k/v and gate/up stored fused, cut into their parts before each part is sharded; gemma3:
-    Gemma's norms (q/k ones too) replicated, alternating windows and ropes."""
+    Gemma's norms (q/k ones too) replicated, alternating windows and ropes; gpt-oss: each rank
+    its heads' sinks, its slice of every expert's gate and up biases, the down biases and the
+    router's bias counted once."""
     path = tiny_dir(name)
     llm = LLM(
         str(path),

@@ -1,5 +1,6 @@
 """The compiled CPU decode kernel agrees with the PyTorch reference path, windows and a layer's
-own query scale included; softcapped attention (Gemma 2) equals transformers' eager arithmetic."""
+own query scale included; softcapped attention (Gemma 2) and attention with sinks (gpt-oss)
+equal transformers' eager arithmetic."""
 
 import pytest
 import torch
@@ -54,37 +55,49 @@ def test_kernel_matches_reference(block_size, window, head_dim, scale):
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
 
 
-def _eager(q, keys, values, mask, scale: float, cap: float) -> torch.Tensor:
-    """transformers' eager attention with a softcap (Gemma 2's) for one sequence: keys repeated
-    per query head (repeat_kv), scaled product, tanh(x / cap) * cap, the mask added as the
-    dtype's minimum, softmax in float32. q [n, heads, d], keys [L, kv_heads, d], mask [n, L]."""
+def _eager(q, keys, values, mask, scale: float, cap: float | None, sinks) -> torch.Tensor:
+    """transformers' eager attention for one sequence: keys repeated per query head (repeat_kv),
+    scaled product, tanh(x / cap) * cap where capped (Gemma 2's), the mask added as the dtype's
+    minimum; then softmax in float32, or with sinks (gpt-oss's) each head's sink logit appended,
+    each row's maximum subtracted, softmax, the sink's column dropped. q [n, heads, d], keys
+    [L, kv_heads, d], mask [n, L], sinks [heads]."""
     group = q.shape[1] // keys.shape[1]
     k = keys.repeat_interleave(group, dim=1).transpose(0, 1)
     v = values.repeat_interleave(group, dim=1).transpose(0, 1)
     logits = torch.matmul(q.transpose(0, 1), k.transpose(1, 2)) * scale
-    logits = torch.tanh(logits / cap) * cap
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
     logits = logits + torch.where(mask, 0.0, torch.finfo(torch.float32).min)
-    return torch.matmul(torch.softmax(logits, dim=-1, dtype=torch.float32), v).transpose(0, 1)
+    if sinks is None:
+        weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    else:
+        combined = torch.cat((logits, sinks.view(-1, 1, 1).expand(-1, len(q), 1)), dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        weights = torch.softmax(combined, dim=-1, dtype=torch.float32)[..., :-1]
+    return torch.matmul(weights, v).transpose(0, 1)
 
 
 @pytest.mark.parametrize("window", [None, 7])
-def test_softcapped_attention_matches_transformers_eager(window):
-    """One sequence of 30 tokens in 4-token blocks: a fresh prefill of 20, a chunk of 9 over
-    them, then a decode; each equals the eager computation over the whole sequence."""
+@pytest.mark.parametrize(("cap", "with_sinks"), [(2.0, False), (None, True), (2.0, True)])
+def test_eager_attention_matches_transformers(window, cap, with_sinks):
+    """Capped logits (Gemma 2) and attention sinks (gpt-oss), each and both. One sequence of 30
+    tokens in 4-token blocks: a fresh prefill of 20, a chunk of 9 over them, then a decode; each
+    equals the eager computation over the whole sequence."""
     torch.manual_seed(3)
-    block_size, heads, kv_heads, d, scale, cap, length = 4, 6, 2, 16, 0.3, 2.0, 30
+    block_size, heads, kv_heads, d, scale, length = 4, 6, 2, 16, 0.3, 30
     q, k, v = (torch.randn(length, h, d) * 2 for h in (heads, kv_heads, kv_heads))
+    # Sinks about the logits' size, each head its own: a sink misplaced or left out shows.
+    sinks = torch.randn(heads) * 3 if with_sinks else None
     blocks = torch.randperm(12)[: -(-length // block_size)]
     positions = torch.arange(length)
     slots = blocks[positions // block_size] * block_size + positions % block_size
-    expected = _eager(q, k, v, visible_keys(positions, length, window), scale, cap)
+    expected = _eager(q, k, v, visible_keys(positions, length, window), scale, cap, sinks)
     cache = LayerCache(*(torch.zeros(12, block_size, kv_heads, d) for _ in range(2)))
 
     def run(start: int, end: int, meta: AttentionMetadata) -> None:
         meta.slot_mapping = slots[start:end]
-        out = paged_attention(
-            q[start:end], k[start:end], v[start:end], cache, meta, Workspace(), scale, cap
-        )
+        qkv = q[start:end], k[start:end], v[start:end]
+        out = paged_attention(*qkv, cache, meta, Workspace(), scale, cap, sinks)
         torch.testing.assert_close(out, expected[start:end], atol=1e-5, rtol=1e-5)
 
     fresh = None if window is None else visible_keys(positions[:20], 20, window)

@@ -1,7 +1,8 @@
-"""Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE) beyond the every-architecture equality
-tests of test_equivalence_tiny.py: int8 weights against Hugging Face running the same int8
-weights, tensor parallelism over two ranks, and a decode step that reads only the experts its
-tokens chose.
+"""Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss) beyond the every-architecture
+equality tests of test_equivalence_tiny.py: int8 weights against Hugging Face running the same
+int8 weights (gpt-oss's experts stored inputs first and gate/up interleaved, quantized by the
+same output rows: kvpilot_testing.hf_reference), and a decode step that reads only the experts
+its tokens chose.
 
 No router near-tie flips an expert on these seeds and prompts: equality is exact throughout. A
 near-tie would show here as a mismatch at one token whose HF router margin (top-k-th minus
@@ -17,7 +18,7 @@ from kvpilot_server.engine.layers.moe import SparseMoe
 from kvpilot_testing.hf_reference import hf_greedy_of, hf_with_int8_weights
 
 MiB = 1 << 20
-MOE_MODELS = ["mixtral", "qwen2-moe", "qwen3-moe"]
+MOE_MODELS = ["mixtral", "qwen2-moe", "qwen3-moe", "gpt-oss"]
 
 
 def _prompts(corpus_ids: list[int], lengths: list[int], seed: int = 5) -> list[list[int]]:
