@@ -18,7 +18,6 @@ kvpilot batches them continuously, Hugging Face in static left-padded batches of
 
 import argparse
 import json
-import shutil
 import statistics
 import tempfile
 import time
@@ -39,6 +38,7 @@ from kvpilot_server.engine.layers.linear import decode_product
 from kvpilot_server.models.builtin import builtin_path
 from kvpilot_testing import results
 from kvpilot_testing.machine import engine_machine
+from kvpilot_testing.tiny import save_checkpoint
 
 GOALS = {"moe_over_dense": 1.3, "batch1_over_hf": 3.0, "mixed_over_hf": 6.0}
 CHECK_TOKENS = 16  # greedy tokens compared with Hugging Face's
@@ -92,13 +92,7 @@ def build(name: str, shape: tuple[str, dict], folder: Path, seed: int) -> dict:
     started = time.perf_counter()
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    for file in tokenizer_dir.iterdir():
-        if file.name.startswith(("tokenizer", "chat_template", "special_tokens")):
-            shutil.copy(file, tmp / file.name)
-    tmp.replace(target)
+    save_checkpoint(model, target, tokenizer_dir)
     info["build_s"] = round(time.perf_counter() - started, 1)
     return info
 

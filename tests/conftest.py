@@ -12,6 +12,7 @@ import torch
 
 from kvpilot_server.models.builtin import builtin_path
 from kvpilot_testing.corpus import CORPUS
+from kvpilot_testing.hf_reference import hf_greedy_of
 from kvpilot_testing.kube.cluster import Cluster, create_namespace
 from kvpilot_testing.kube.controlplane import ControlPlane
 from kvpilot_testing.kube.install import Installed, install
@@ -65,16 +66,7 @@ def _hf_model(path: Path):
 
 @functools.cache
 def _hf_greedy(path: Path, prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
-    model = _hf_model(path)
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=model.config.eos_token_id,
-        )
-    return tuple(out[0, len(prompt) :].tolist())
+    return tuple(hf_greedy_of(_hf_model(path), list(prompt), max_new_tokens))
 
 
 @pytest.fixture(scope="session")

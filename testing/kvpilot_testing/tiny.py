@@ -196,6 +196,12 @@ def build_tiny_model(name: str, target: Path, tokenizer_dir: Path, seed: int = 0
             for key, param in model.named_parameters():
                 if key.endswith((".bias", "_bias")):  # gpt-oss: experts.gate_up_proj_bias
                     param.normal_(0.0, TINY_BASE["initializer_range"])
+    return save_checkpoint(model, target, tokenizer_dir)
+
+
+def save_checkpoint(model, target: Path, tokenizer_dir: Path) -> Path:
+    """A transformers model saved as safetensors beside the tokenizer's files, written to a
+    temporary directory and moved into place whole (a half-written target never exists)."""
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
