@@ -82,7 +82,7 @@ CONFIGS: dict[str, dict] = {
         "attention_bias": True,
         "num_local_experts": 32,
         "num_experts_per_tok": 4,
-        "quantization_config": {"quant_method": "mxfp4"},  # as released: the engine refuses it
+        "quantization_config": {"quant_method": "mxfp4"},  # as released: experts in MXFP4
     },
     "hf://openai/gpt-oss-120b": {
         "architectures": ["GptOssForCausalLM"],

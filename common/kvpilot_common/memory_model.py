@@ -168,7 +168,9 @@ def shape_from_config(config: Mapping) -> ModelShape:
         architecture=architecture,
         active_params=active,
         experts=experts,
-        prequantized=precision.prequantized_problem(config.get("quantization_config")),
+        prequantized=precision.prequantized_problem(
+            config.get("quantization_config"), architecture
+        ),
     )
 
 

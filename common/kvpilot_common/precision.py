@@ -193,6 +193,9 @@ class Architecture:
     # gpt-oss: a learned logit per attention head joins each softmax (an "attention sink": it
     # takes probability mass and adds no value).
     attention_sinks: bool = False
+    # Pre-quantized checkpoint formats (config.json's quantization_config.quant_method) the
+    # engine reads for this architecture, dequantizing at load (engine/models/mxfp4.py).
+    checkpoint_quantizations: tuple[str, ...] = ()
 
 
 # Keyed by the class name in config.json's "architectures", not by its "model_type": the class
@@ -216,9 +219,11 @@ ARCHITECTURES = MappingProxyType(
         "Phi3ForCausalLM": Architecture(),
         # gpt-oss (engine/models/gpt_oss.py): biases on q/k/v/o, attention sinks, alternating
         # sliding and full layers; every layer a mixture of experts whose router and experts
-        # have biases, routed top-k first, with a clamped SwiGLU. Float checkpoints only: the
-        # released ones' MXFP4 experts are refused at load (model_config.py).
-        "GptOssForCausalLM": Architecture(moe=True, attention_sinks=True),
+        # have biases, routed top-k first, with a clamped SwiGLU. The released checkpoints store
+        # the experts in MXFP4, which the loader dequantizes.
+        "GptOssForCausalLM": Architecture(
+            moe=True, attention_sinks=True, checkpoint_quantizations=("mxfp4",)
+        ),
     }
 )
 
@@ -233,20 +238,32 @@ class Layout:
     qk_norm: bool
 
 
-def prequantized_problem(quantization_config: object) -> str | None:
-    """Why the engine refuses a checkpoint stored pre-quantized (config.json's
-    `quantization_config`, a dict or transformers' object), or None for float weights."""
+def checkpoint_quantization(quantization_config: object) -> str | None:
+    """The method a pre-quantized checkpoint names (config.json's `quantization_config`, a dict
+    or transformers' object), "unnamed" if it names none, or None for float weights."""
     if not quantization_config:
         return None
     if isinstance(quantization_config, Mapping):
         method = quantization_config.get("quant_method")
     else:
         method = getattr(quantization_config, "quant_method", None)
-    method = method or "unnamed"
+    return str(method or "unnamed")
+
+
+def prequantized_problem(quantization_config: object, architecture: str) -> str | None:
+    """Why the engine refuses a checkpoint stored pre-quantized, or None: float weights, or a
+    format the architecture's loader reads (gpt-oss's MXFP4 experts)."""
+    method = checkpoint_quantization(quantization_config)
+    if method is None:
+        return None
+    readable = ARCHITECTURES.get(architecture, Architecture()).checkpoint_quantizations
+    if method in readable:
+        return None
     return (
         f"pre-quantized checkpoints are not supported (quantization_config: {method}): "
-        "kvpilot loads float weights (float32, bfloat16, float16) and quantizes them itself "
-        "(--quantization); use a dequantized copy of this model"
+        "kvpilot loads float weights (float32, bfloat16, float16), and gpt-oss's MXFP4 "
+        "experts, and quantizes them itself (--quantization); use a dequantized copy of this "
+        "model"
     )
 
 

@@ -151,13 +151,19 @@ def test_an_architecture_the_engine_does_not_serve_is_named_in_its_words():
         assert (unserved(shape) is None) == served
 
 
-def test_a_prequantized_release_is_refused_in_the_engines_words():
-    """gpt-oss's release stores its experts in MXFP4: the architecture is served, the stored
-    form is not, and plan and the operator say so as the engine would at load."""
-    shape = KNOWN_MODELS["hf://openai/gpt-oss-20b"]
-    assert shape.architecture in precision.ARCHITECTURES
-    assert unserved(shape) == precision.prequantized_problem({"quant_method": "mxfp4"})
-    assert "quantization_config: mxfp4" in unserved(shape)
+def test_mxfp4_releases_are_served_and_other_stored_forms_refused_in_the_engines_words():
+    """gpt-oss's releases store their experts in MXFP4, which the engine reads (planned at the
+    serving dtype: the experts are dequantized); a GPTQ copy, or MXFP4 named on another family,
+    is refused by plan and the operator in the words the engine would fail to load it with."""
+    for source in ("hf://openai/gpt-oss-20b", "hf://openai/gpt-oss-120b"):
+        assert KNOWN_MODELS[source].prequantized is None and unserved(KNOWN_MODELS[source]) is None
+    gptq = {"quant_method": "gptq", "bits": 4}
+    config = {**CONFIGS["hf://openai/gpt-oss-20b"], "quantization_config": gptq}
+    shape = shape_from_config(config)
+    assert unserved(shape) == precision.prequantized_problem(gptq, "GptOssForCausalLM")
+    assert "quantization_config: gptq" in unserved(shape)
+    phi = {**CONFIGS["hf://microsoft/phi-4"], "quantization_config": {"quant_method": "mxfp4"}}
+    assert "quantization_config: mxfp4" in unserved(shape_from_config(phi))
 
 
 def test_known_smollm2_shape_matches_its_config(smollm2):

@@ -17,8 +17,8 @@ even columns, up the odd ones), `gate_up_proj_bias` [experts, 2 * width], `down_
 width, hidden], `down_proj_bias` [experts, hidden]: inputs first, nn.Linear's transpose.
 checkpoint_parts cuts them into the per-expert gate_proj, up_proj and down_proj a Mixtral-style
 checkpoint holds, [out, in], so the loader fuses and shards each part as it does theirs. The
-released checkpoints store the experts in MXFP4 (`*_blocks`, `*_scales`); model_config.py refuses
-those by their quantization_config, so a dequantized copy is what loads.
+released checkpoints store the two expert weights in MXFP4 (`*_blocks`, `*_scales`): the loader
+dequantizes each pair into this same stacked layout first (models/mxfp4.py).
 """
 
 import torch

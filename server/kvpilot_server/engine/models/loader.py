@@ -11,6 +11,7 @@ from transformers import AutoConfig
 from kvpilot_common.errors import ModelLoadError
 from kvpilot_server.engine.distributed.group import SINGLE, TensorParallel
 from kvpilot_server.engine.distributed.sharding import check, local_config, shard
+from kvpilot_server.engine.models import mxfp4
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.model_config import ModelConfig
 from kvpilot_server.engine.models.registry import model_class
@@ -29,7 +30,10 @@ def load_model(
     model.to(dtype)
     if cfg.tie_word_embeddings or cfg.base_model:  # a base model has no head: it only pools
         model.lm_head.weight = model.embed_tokens.weight
-    _fill(model, _read_tensors(path), cfg)
+    tensors = _read_tensors(path)
+    if cfg.checkpoint_quantization == "mxfp4":  # the only stored form precision lets through
+        tensors = mxfp4.dequantized(tensors, dtype)
+    _fill(model, tensors, cfg)
     model.finish_loading()
     return model.eval()
 

@@ -55,6 +55,9 @@ class ModelConfig:
     # names, and transformers' experts do not apply).
     attention_sinks: bool = False
     swiglu: tuple[float, float] | None = None
+    # How the checkpoint stores its weights when not as floats: "mxfp4" (gpt-oss's experts,
+    # which models/mxfp4.py dequantizes as they are read); None: float tensors.
+    checkpoint_quantization: str | None = None
 
     @classmethod
     def from_hf(cls, hf: PretrainedConfig) -> "ModelConfig":
@@ -71,8 +74,9 @@ class ModelConfig:
         long_inv_freq, short_rope_len = _long_rope(hf)
         if getattr(hf, "use_bidirectional_attention", False):  # Gemma 3's embedding variant
             raise ModelLoadError("bidirectional attention (an embedding model) is not supported")
-        # e.g. gpt-oss's release: MXFP4 experts, stored as blocks and scales
-        prequantized = precision.prequantized_problem(getattr(hf, "quantization_config", None))
+        # Stored pre-quantized: read only where the loader can dequantize (gpt-oss's MXFP4).
+        stored = getattr(hf, "quantization_config", None)
+        prequantized = precision.prequantized_problem(stored, arch)
         if prequantized:
             raise ModelLoadError(prequantized)
         scalar = getattr(hf, "query_pre_attn_scalar", None)
@@ -112,6 +116,7 @@ class ModelConfig:
             swiglu=_swiglu(hf),
             eos_token_ids=[e for e in eos if e is not None],
             experts=from_config(hf.to_dict()),
+            checkpoint_quantization=precision.checkpoint_quantization(stored),
         )
 
 
