@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds a real Kubernetes control plane from Go modules at pinned versions, for tests that
-# need an API server (issue 13): kube-apiserver and kube-controller-manager
-# (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v3).
+# need an API server: kube-apiserver and kube-controller-manager, and for the real node
+# (testing/kvpilot_testing/kube/realnode.py) kubelet, kube-scheduler, kube-proxy and kubectl
+# (all k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v3).
 # The pins live in tools/controlplane/{go.mod,etcd/go.mod,helm/go.mod} with their go.sum;
 # the binaries go to a cache outside the repo:
 #   ${KVPILOT_TOOLS_CACHE:-$HOME/.cache/kvpilot/controlplane}/bin
@@ -78,9 +79,9 @@ for name in "${wanted[@]}"; do
         ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
         ldflags+=" -X $pkg.gitTreeState=clean"
       done
-      build kubernetes "$TOOLS" kube-apiserver kube-controller-manager -- \
-        -ldflags "$ldflags" -o "$BIN/" \
-        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+      commands=(kube-apiserver kube-controller-manager kubelet kube-scheduler kube-proxy kubectl)
+      build kubernetes "$TOOLS" "${commands[@]}" -- \
+        -ldflags "$ldflags" -o "$BIN/" "${commands[@]/#/k8s.io/kubernetes/cmd/}"
       ;;
     etcd)
       build etcd "$TOOLS/etcd" etcd -- -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3

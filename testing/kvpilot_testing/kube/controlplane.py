@@ -27,8 +27,10 @@ BIN_DIR = (
 )
 ADMIN_TOKEN = "kvpilot-admin-token"  # static and test-only; the admin is in system:masters
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
-# The controller manager's loops that need nodes or a cloud only log here.
-CONTROLLERS = "*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service-lb-controller,-route"
+# The controller manager's loops that need a cloud only log here; node lifecycle only where a
+# real kubelet runs (it lifts the not-ready taint a kubelet registers its node with).
+CONTROLLERS = "*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-route"
+WITHOUT_NODES = ",-nodelifecycle"
 # Control-plane components make most of the requests; the audit log keeps everybody else's.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
@@ -49,8 +51,12 @@ class ControlPlaneError(RuntimeError):
 class ControlPlane:
     """Started by start(), stopped (every process by PID) by stop(); files live in `workdir`."""
 
-    def __init__(self, workdir: Path, bin_dir: Path = BIN_DIR) -> None:
-        self.dir, self.bin = workdir, bin_dir
+    def __init__(self, workdir: Path, bin_dir: Path = BIN_DIR, address: str = "127.0.0.1") -> None:
+        """`address`: where the API server binds and what it advertises (its certificate is
+        for it): loopback unless a real node's pods must reach it (kube/realnode.py), which
+        also turns the node lifecycle controller on."""
+        self.dir, self.bin, self.address = workdir, bin_dir, address
+        self.controllers = CONTROLLERS + ("" if address != "127.0.0.1" else WITHOUT_NODES)
         self.processes: list[tuple[str, subprocess.Popen, Path]] = []
         self.url = ""
         self.ca = workdir / "pki" / "apiserver.crt"  # the API server's self-signed certificate
@@ -141,10 +147,10 @@ class ControlPlane:
             "kube-apiserver",
             [
                 f"--etcd-servers={etcd}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={port}",
-                f"--cert-dir={self.dir / 'pki'}",  # writes a self-signed cert for 127.0.0.1
+                f"--cert-dir={self.dir / 'pki'}",  # writes a self-signed cert for the address
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--authorization-mode=RBAC",
                 f"--token-auth-file={self.dir / 'tokens.csv'}",
@@ -159,7 +165,7 @@ class ControlPlane:
                 "-v=1",
             ],
         )
-        self.url = f"https://127.0.0.1:{port}"
+        self.url = f"https://{self.address}:{port}"
         self.wait_for("the API server's certificate", self.ca.exists, 60)
         self.wait_for("kube-apiserver /readyz", lambda: self.get("/readyz") is not None, 90)
 
@@ -172,7 +178,7 @@ class ControlPlane:
             f"--service-account-private-key-file={self.dir / 'sa.key'}",
             f"--root-ca-file={self.ca}",
             "--use-service-account-credentials=true",
-            f"--controllers={CONTROLLERS}",
+            f"--controllers={self.controllers}",
             "-v=1",
         ]
 

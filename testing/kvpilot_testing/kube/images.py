@@ -1,0 +1,94 @@
+"""Images for the real node (kube/realnode.py), built without a registry or a Docker engine: a
+static binary compiled here, put in an image from scratch by buildah (vfs storage, its own
+root), written as an OCI archive and imported into the node's containerd. Nothing is pulled.
+
+- the sandbox image, SANDBOX_IMAGE, from Kubernetes' own build/pause/linux/pause.c in the Go
+  module cache, at the pinned Kubernetes version, compiled as its Makefile does;
+- WORKLOAD_IMAGE, tools/node/workload.c: sleeps until SIGTERM, or holds memory, or exits 0 (an
+  exec probe), as uid 1000.
+
+Archives are cached by a hash of the source, the name and the image config, so an unchanged
+image is not rebuilt."""
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from kvpilot_testing.kube.controlplane import BIN_DIR
+from kvpilot_testing.kube.realnode import CONFIGS, SANDBOX_IMAGE
+from kvpilot_testing.paths import ROOT
+
+CACHE = BIN_DIR.parent / "images"
+WORKLOAD_IMAGE = "kvpilot.test/workload:1"
+
+
+def _run(*argv: str | Path) -> str:
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(map(str, argv))} failed: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def pause_source() -> Path:
+    """pause.c at the Kubernetes version tools/controlplane/go.mod pins (scripts/controlplane.sh
+    has downloaded that module)."""
+    pin = re.search(r"k8s\.io/kubernetes (v\S+)", (ROOT / "tools/controlplane/go.mod").read_text())
+    modules = Path(_run("go", "env", "GOMODCACHE").strip())
+    return modules / f"k8s.io/kubernetes@{pin[1]}" / "build/pause/linux/pause.c"
+
+
+def sandbox_archive() -> Path:
+    version = SANDBOX_IMAGE.rpartition(":")[2]
+    return static_image(
+        SANDBOX_IMAGE, pause_source(), ["/pause"], user="65535:65535", defines=[f"v{version}"]
+    )
+
+
+def workload_archive() -> Path:
+    return static_image(WORKLOAD_IMAGE, CONFIGS / "workload.c", ["/workload"], user="1000:1000")
+
+
+def static_image(
+    name: str, source: Path, entrypoint: list[str], user: str, defines: list[str] = ()
+) -> Path:
+    """An OCI archive of an image holding only `source` compiled statically, at
+    entrypoint[0]; built once per distinct input."""
+    config = json.dumps([name, entrypoint, user, list(defines)])
+    key = hashlib.sha256(source.read_bytes() + config.encode()).hexdigest()[:16]
+    archive = CACHE / f"{re.sub(r'[^a-z0-9]+', '-', name)}-{key}.tar"
+    if archive.is_file():
+        return archive
+    work = CACHE / f"build-{key}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    binary = work / Path(entrypoint[0]).name
+    flags = [f"-DVERSION={d}" for d in defines]
+    _run("gcc", "-Os", "-Wall", "-Werror", "-static", *flags, "-o", binary, source)
+    buildah = [
+        "buildah",
+        "--root",
+        CACHE / "buildah-storage",
+        "--runroot",
+        work / "run",
+        "--storage-driver",
+        "vfs",
+    ]
+    container = _run(*buildah, "from", "scratch").strip()
+    try:
+        _run(*buildah, "copy", "--chmod", "0755", container, binary, entrypoint[0])
+        _run(*buildah, "config", "--entrypoint", json.dumps(entrypoint), "--user", user, container)
+        _run(*buildah, "commit", "--rm", container, f"oci-archive:{work / 'image.tar'}:{name}")
+    except RuntimeError:
+        _run(*buildah, "rm", container)
+        raise
+    (work / "image.tar").replace(archive)
+    shutil.rmtree(work, ignore_errors=True)
+    return archive
+
+
+def node_images() -> list[Path]:
+    """What every test node holds: the sandbox image and the workload."""
+    return [sandbox_archive(), workload_archive()]
