@@ -18,6 +18,8 @@ from kvpilot_operator.fit import Fit
 from kvpilot_operator.spec import Spec
 
 _IMAGE_PULL = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
+# The image is not on the node and its pull policy (Never) forbids fetching it: no pull failed.
+_IMAGE_NEVER_PULLED = "ErrImageNeverPull"
 _CONFIG = {"CreateContainerConfigError", "CreateContainerError"}
 
 
@@ -59,6 +61,8 @@ def _container_cause(status: dict, pod: str) -> Cause | None:
     detail = waiting.get("message") or reason
     if reason in _IMAGE_PULL:
         return Cause("ImagePullBackOff", f"pod {pod}: {detail}")
+    if reason == _IMAGE_NEVER_PULLED:
+        return Cause(reason, f"pod {pod}: {detail}")
     if reason in _CONFIG:
         return Cause(reason, f"pod {pod}: {detail}")
     if reason == "CrashLoopBackOff":

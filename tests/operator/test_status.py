@@ -115,6 +115,21 @@ PULL = _pod(
         }
     ]
 )
+# A real kubelet's words (tests/node/test_real_node.py meets them).
+NEVER_PULLED = _pod(
+    containerStatuses=[
+        {
+            "name": "server",
+            "state": {
+                "waiting": {
+                    "reason": "ErrImageNeverPull",
+                    "message": 'Container image "kvpilot:local" is not present with pull policy '
+                    "of Never",
+                }
+            },
+        }
+    ]
+)
 DOWNLOADING = _pod(initContainerStatuses=[{"name": "download", "state": {"running": {}}}])
 DOWNLOAD_TIMEOUT = _pod(
     initContainerStatuses=[{"name": "download", "state": {"terminated": {"exitCode": 124}}}]
@@ -130,6 +145,7 @@ DOWNLOAD_TIMEOUT = _pod(
         (NO_KEYS, "InvalidConfiguration", "holds no API key"),
         (PORT_TAKEN, "StartupFailed", "cannot listen"),
         (PULL, "ImagePullBackOff", "kvpilot:nope"),
+        (NEVER_PULLED, "ErrImageNeverPull", "not present with pull policy of Never"),
         (DOWNLOAD_TIMEOUT, "ModelDownloadFailed", "timed out"),
     ],
 )
