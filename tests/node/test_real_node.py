@@ -5,11 +5,14 @@ scheduler's own words for a GPU request no node can meet; SIGTERM on delete. Las
 stopped and the host's network state compared with what it was before it started."""
 
 import json
+import subprocess
+import sys
 import time
 
+from kvpilot_testing.kube.controlplane import ADMIN_TOKEN
 from kvpilot_testing.kube.hoststate import host_state
 from kvpilot_testing.kube.images import WORKLOAD_IMAGE
-from kvpilot_testing.kube.realnode import NODE_NAME, POD_CIDR
+from kvpilot_testing.kube.realnode import NAMESPACE, NODE_NAME, POD_CIDR
 
 PODS = "/api/v1/namespaces/default/pods"
 
@@ -148,6 +151,23 @@ def test_deleting_a_pod_sends_sigterm_and_the_kubelet_reports_its_exit(real_node
                 last = statuses[0].get("state", {}).get("terminated") or last
     assert time.monotonic() - started < 15
     assert (last.get("exitCode"), last.get("reason")) == (0, "Completed")
+
+
+def test_the_api_servers_service_address_leads_to_it_through_kube_proxy(real_node):
+    """From the node's network namespace, as a pod's in-cluster client dials it: the
+    `kubernetes` Service's cluster IP, which only kube-proxy's rules carry to the API server."""
+    service = real_node.plane.get("/api/v1/namespaces/default/services/kubernetes")
+    address = f"https://{service['spec']['clusterIP']}:443/readyz"
+    headers = f"{{'Authorization': 'Bearer {ADMIN_TOKEN}'}}"
+    script = f"import httpx; print(httpx.get({address!r}, verify=False, headers={headers}).text)"
+    argv = ["nsenter", f"--net=/run/netns/{NAMESPACE}", "--", sys.executable, "-c", script]
+
+    def answered() -> subprocess.CompletedProcess | None:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        return done if done.stdout.strip() == "ok" else None
+
+    # kube-proxy writes its rules once it has seen the Service: give it a few seconds.
+    _wait(real_node, "an answer through the Service's cluster IP", answered, 30)
 
 
 def test_the_host_is_as_it_was(real_node):

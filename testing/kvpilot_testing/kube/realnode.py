@@ -36,7 +36,7 @@ CGROUP = "kvpilot-node"
 HOST_LINK, NODE_LINK = "kvpilot-h0", "kvpilot-n0"
 CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.1"  # built from Kubernetes' pause.c (kube/images.py)
-NODE_BINARIES = ("kubelet", "kube-scheduler")
+NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-proxy")
 HOST_COMMANDS = ("containerd", "runc", "ctr", "nsenter", "ip")
 
 
@@ -129,6 +129,22 @@ class RealNode:
                 f"--cert-dir={self.dir / 'kubelet-pki'}",
                 f"--hostname-override={NODE_NAME}",
                 f"--node-ip={NODE_IP}",
+                "-v=1",
+            ],
+        )
+        self._start(
+            "kube-proxy",
+            [
+                self.bin / "kube-proxy",
+                f"--kubeconfig={kubeconfig}",
+                f"--hostname-override={NODE_NAME}",
+                "--proxy-mode=iptables",
+                f"--cluster-cidr={POD_CIDR}",
+                # 0: leave the kernel's conntrack table size and TCP timeouts as they are (they
+                # are not all per network namespace).
+                "--conntrack-max-per-core=0",
+                "--conntrack-tcp-timeout-established=0s",
+                "--conntrack-tcp-timeout-close-wait=0s",
                 "-v=1",
             ],
         )
