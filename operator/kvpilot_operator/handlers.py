@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 from lightkube import ApiError
 
-from kvpilot_operator import children, crd, metrics, rejection
+from kvpilot_operator import children, crd, credentials, metrics, rejection
 from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster, namespaced
 from kvpilot_operator.fit import check
 from kvpilot_operator.render import Plan, render
@@ -41,6 +41,11 @@ def pull_secrets() -> tuple[str, ...]:
     """Secrets model pods pull their image with (the chart's imagePullSecrets), comma-separated."""
     names = os.environ.get("KVPILOT_IMAGE_PULL_SECRETS", "").split(",")
     return tuple(n.strip() for n in names if n.strip())
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    return credentials.connection(os.environ, **kwargs)
 
 
 @kopf.on.startup()

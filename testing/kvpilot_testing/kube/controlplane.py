@@ -162,6 +162,8 @@ class ControlPlane:
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",
                 "--enable-priority-and-fairness=false",
+                # A real node's name resolves nowhere here: logs and exec go to its IP.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "-v=1",
             ],
         )

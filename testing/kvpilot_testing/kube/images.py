@@ -5,13 +5,15 @@ root), written as an OCI archive and imported into the node's containerd. Nothin
 - the sandbox image, SANDBOX_IMAGE, from Kubernetes' own build/pause/linux/pause.c in the Go
   module cache, at the pinned Kubernetes version, compiled as its Makefile does;
 - WORKLOAD_IMAGE, tools/node/workload.c: sleeps until SIGTERM, or holds memory, or exits 0 (an
-  exec probe), as uid 1000.
+  exec probe), as uid 1000;
+- kvpilot's own images, a target of the Dockerfile each (project_image), built by
+  scripts/build-image.sh on a Debian base it makes with debootstrap (no registry is asked).
 
-Archives are cached by a hash of the source, the name and the image config, so an unchanged
-image is not rebuilt."""
+Archives are cached by a hash of their inputs, so an unchanged image is not rebuilt."""
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -49,6 +51,53 @@ def sandbox_archive() -> Path:
 
 def workload_archive() -> Path:
     return static_image(WORKLOAD_IMAGE, CONFIGS / "workload.c", ["/workload"], user="1000:1000")
+
+
+# What the Dockerfile's COPY lines read, and how it is built: an image's inputs.
+BUILD_INPUTS = (
+    "Dockerfile",
+    "scripts/build-image.sh",
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "crds",
+    "common",
+    "operator",
+    "server",
+    "gateway",
+    "bench",
+)
+_SUFFIXES = {"server": "", "server-cpu": "-cpu", "operator": "-operator"}
+
+
+def project_image(target: str) -> tuple[str, Path]:
+    """(the image's name, an OCI archive of it) for a target of the Dockerfile, as
+    scripts/build-image.sh tags it; built again only when one of BUILD_INPUTS changed."""
+    version = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    name = f"localhost/kvpilot:{version[1]}{_SUFFIXES[target]}"
+    files = _run("git", "-C", ROOT, "ls-files", "-co", "--exclude-standard", "--", *BUILD_INPUTS)
+    digest = hashlib.sha256(name.encode())
+    for relative in sorted(files.split()):
+        path = ROOT / relative
+        if path.is_file():
+            digest.update(relative.encode() + b"\0" + path.read_bytes())
+    archive = CACHE / f"kvpilot-{target}-{digest.hexdigest()[:16]}.tar"
+    if archive.is_file():
+        return name, archive
+    CACHE.mkdir(parents=True, exist_ok=True)
+    build = subprocess.run(
+        [ROOT / "scripts/build-image.sh", target],
+        env={**os.environ, "LOCAL_BASE": "always", "IMAGE": name},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if build.returncode:
+        raise RuntimeError(f"scripts/build-image.sh {target} failed: {build.stderr[-3000:]}")
+    partial = archive.with_suffix(".partial")
+    _run("buildah", "--storage-driver", "vfs", "push", name, f"oci-archive:{partial}:{name}")
+    partial.replace(archive)
+    return name, archive
 
 
 def static_image(

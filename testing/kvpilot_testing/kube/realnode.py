@@ -105,8 +105,7 @@ class RealNode:
         self._start("containerd", ["containerd", "--config", self.dir / "containerd.toml"])
         self.plane.wait_for("containerd's socket", self.socket.exists, 30)
         for archive in images:
-            # Into the k8s.io namespace, which the kubelet's CRI sees, unpacked.
-            run("ctr", "--address", self.socket, "-n", "k8s.io", "images", "import", archive)
+            self.import_image(archive)
         kubeconfig = self.plane.write_kubeconfig(self.dir / "kubeconfig", ADMIN_TOKEN)
         self._start(
             "kube-scheduler",
@@ -149,6 +148,11 @@ class RealNode:
             ],
         )
         self.plane.wait_for("the node to be Ready", self.ready, 90)
+
+    def import_image(self, archive: Path) -> None:
+        """An OCI archive (kube/images.py) into containerd's k8s.io namespace, the one the
+        kubelet's CRI sees, unpacked for its snapshotter."""
+        run("ctr", "--address", self.socket, "-n", "k8s.io", "images", "import", archive)
 
     def ready(self) -> bool:
         node = self.plane.get(f"/api/v1/nodes/{NODE_NAME}") or {}
