@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Make the real test node's host tools available (testing/kvpilot_testing/kube/realnode.py):
 # Debian's containerd (with ctr), runc, the CNI plugins, buildah (images from scratch, no
-# registry), iproute2 and util-linux (ip netns, nsenter), iptables (the bridge plugin's
+# registry; debootstrap makes the base of kvpilot's own images), iproute2 and util-linux (ip netns, nsenter), iptables (the bridge plugin's
 # masquerading, inside the node's network namespace) and gcc's static libc (the images'
 # binaries). The kubelet and kube-scheduler come from scripts/controlplane.sh.
 # Idempotent: does nothing when all are present. Needs root and apt-get the first time.
 set -euo pipefail
 
-need=(containerd ctr runc buildah ip nsenter iptables gcc)
+need=(containerd ctr runc buildah debootstrap ip nsenter iptables gcc)
 missing=0
 for c in "${need[@]}"; do command -v "$c" >/dev/null || missing=1; done
 [ -x /usr/lib/cni/bridge ] || missing=1
@@ -19,4 +19,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends containerd runc containernetworking-plugins \
-    buildah iproute2 util-linux iptables libc6-dev gcc >/dev/null
+    buildah debootstrap iproute2 util-linux iptables libc6-dev gcc >/dev/null

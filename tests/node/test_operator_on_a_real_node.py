@@ -1,10 +1,13 @@
 """The operator as platform teams run it: `helm install` of the chart with the operator image
 built from the Dockerfile, the operator a pod the kubelet starts from it (uid 1000, read-only
 root, the chart's probes), reaching the API server through the `kubernetes` Service under the
-chart's ServiceAccount. Its status comes from what the real scheduler and kubelet say about
-the model pods: the scheduler's words for GPUs no node has, the kubelet's for an image it
-cannot pull."""
+chart's ServiceAccount, and the gateway's two pods from the same image behind their Service.
+Its status comes from what the real scheduler and kubelet say about the model pods: the
+scheduler's words for GPUs no node has, the kubelet's for an image it cannot pull (applied
+with kubectl). `helm uninstall` last, which leaves the users' objects and the CRD."""
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +15,8 @@ import yaml
 
 from kvpilot_testing.kube.cluster import MD, Cluster, create_namespace, wait_for
 from kvpilot_testing.kube.images import project_image
-from kvpilot_testing.kube.install import NAMESPACE, RELEASE, install
+from kvpilot_testing.kube.install import CRD_NAME, NAMESPACE, RELEASE, helm, install
+from kvpilot_testing.kube.realnode import NAMESPACE as NETNS
 from kvpilot_testing.kube.realnode import NODE_NAME
 from kvpilot_testing.paths import ROOT
 
@@ -28,13 +32,12 @@ def cluster(real_node) -> Iterator[Cluster]:
     repository, _, tag = rest.partition(":")
     image = [f"image.registry={registry}", f"image.repository={repository}", f"image.tag={tag}"]
     # The model pods' image is on no registry the node can reach (one test is about that).
-    values = ["watch.scope=All", "image.pullPolicy=Never", "gateway.enabled=false", *image]
+    values = ["watch.scope=All", "image.pullPolicy=Never", *image]
     installed = install(real_node.plane, *(a for v in values for a in ("--set", v)))
     create_namespace(real_node.plane, "models")
     cluster = Cluster(real_node.plane, "models", installed.operator_kubeconfig)
     try:
-        yield cluster
-        cluster.delete_model_deployments()
+        yield cluster  # the control plane goes with the module: nothing to delete
     finally:
         print(_operator_log(cluster)[-4000:])  # shown when a test fails
         cluster.close()
@@ -50,12 +53,21 @@ def _operator_log(cluster: Cluster) -> str:
         return http.get(path).text
 
 
-def _operator_pod(cluster: Cluster) -> dict | None:
+def _pods(cluster: Cluster, component: str) -> list[dict]:
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    selector = f"app.kubernetes.io/component={component}"
     with cluster.plane.client() as http:
-        pods = http.get(path, params={"labelSelector": "app.kubernetes.io/component=operator"})
-    items = pods.json().get("items", [])
-    return items[0] if items else None
+        return http.get(path, params={"labelSelector": selector}).json().get("items", [])
+
+
+def _operator_pod(cluster: Cluster) -> dict | None:
+    pods = _pods(cluster, "operator")
+    return pods[0] if pods else None
+
+
+def _is_ready(pod: dict) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def _sample(name: str) -> dict:
@@ -112,10 +124,50 @@ def test_gpus_no_node_has_are_degraded_in_the_schedulers_words(cluster):
     assert writers == {OPERATOR}
 
 
-def test_an_image_the_node_cannot_pull_is_degraded_in_the_kubelets_words(cluster):
+def test_the_gateway_runs_as_pods_and_answers_through_its_service(cluster):
+    """Both replicas on the one node (their anti-affinity is a preference), Ready by their
+    probe; from the node's namespace, as a client pod would, the Service answers."""
+    wait_for(
+        "two Ready gateway pods",
+        lambda: [p for p in _pods(cluster, "gateway") if _is_ready(p)][1:],
+        timeout=120,
+    )
+    service = cluster.plane.get(f"/api/v1/namespaces/{NAMESPACE}/services/{RELEASE}-gateway")
+    url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/ready"
+    script = f"import httpx; print(httpx.get({url!r}).status_code)"
+    argv = ["nsenter", f"--net=/run/netns/{NETNS}", "--", sys.executable, "-c", script]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert done.stdout.strip() == "200", done.stderr[-2000:]
+
+
+def test_kubectl_apply_of_the_cpu_sample_meets_an_image_the_node_cannot_pull(cluster, tmp_path):
+    """The model pods' image (the chart's default) is on no registry the node can reach: the
+    kubelet's pull fails, and status carries its words."""
     body = _sample("builtin-cpu.yaml")
     body["spec"]["resources"]["cpu"] = "500m"  # the node has 2 cores
-    name = cluster.create(MD, body)["metadata"]["name"]
+    (tmp_path / "md.yaml").write_text(yaml.safe_dump(body))
+    kubectl = [cluster.plane.bin / "kubectl", "--kubeconfig", cluster.plane.kubeconfig]
+    applied = subprocess.run(
+        [*kubectl, "-n", "models", "apply", "-f", tmp_path / "md.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert applied.returncode == 0, applied.stderr
+    name = body["metadata"]["name"]
     condition = _degraded(cluster, name)
     assert condition["reason"] == "ImagePullBackOff"
     assert "ghcr.io/kvpilot/kvpilot" in condition["message"]
+
+
+def test_helm_uninstall_leaves_the_model_deployments_and_the_crd(cluster):
+    """Last: the chart goes (its operator and gateway pods with it), the users' objects stay."""
+    helm(cluster.plane, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "90s")
+    assert cluster.plane.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}")
+    assert {m["metadata"]["name"] for m in cluster.list(MD)} == {"qwen25-7b", "smollm2"}
+    wait_for(
+        "the chart's pods to go",
+        lambda: not _pods(cluster, "operator") + _pods(cluster, "gateway"),
+        timeout=60,
+    )
