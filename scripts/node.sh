@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Make the real test node's host tools available (testing/kvpilot_testing/kube/realnode.py):
-# Debian's containerd (with ctr), runc, the CNI plugins, buildah (images from scratch, no
-# registry; debootstrap makes the base of kvpilot's own images), iproute2 and util-linux (ip netns, nsenter), iptables (the bridge plugin's
-# masquerading, inside the node's network namespace) and gcc's static libc (the images'
-# binaries). The kubelet and kube-scheduler come from scripts/controlplane.sh.
+# Debian's containerd (with ctr), runc, the CNI plugins, buildah (images, no registry) and
+# debootstrap (the Debian base of kvpilot's own images), iproute2 and util-linux (ip netns,
+# nsenter), iptables (the bridge plugin's and kube-proxy's rules, inside the node's network
+# namespace) and gcc's static libc (the test images' binaries). The kubelet, kube-scheduler
+# and kube-proxy come from scripts/controlplane.sh.
 # Idempotent: does nothing when all are present. Needs root and apt-get the first time.
 set -euo pipefail
 

@@ -1,12 +1,19 @@
-"""The node, played by the test, for the real control plane (which has no scheduler and no
-kubelet): a Node object, and a loop that binds each new pod of one namespace to it (or reports
+"""The node, played by the test, for the session's control plane on 127.0.0.1 (no scheduler,
+no kubelet there): a Node object, and a loop that binds each new pod of one namespace to it (or reports
 it unschedulable), reports it running and ready, and finishes deleting pods the way a kubelet
 does once its containers stopped (the API server waits for that on bound pods).
 
 With `serve`, every pod gets a real `kvpilot serve` on its own 127.0.0.x address and the pod
 port, reported as the pod's IP once it answers, as a kubelet starts the container. `serve` is
 given the address and the pod, so the server can follow the pod's container args (the served
-model name the gateway routes by)."""
+model name the gateway routes by).
+
+A real node exists (kube/realnode.py, tests/node/): what a kubelet, containerd and the scheduler
+do is tested there, the operator and gateway run as pods from their image. What stays played
+here, and why: model pods that serve, since the server-cpu image (torch, about 4 GB) is not yet
+built for the real node, so the gateway, autoscaler and wake tests start `kvpilot serve` on
+loopback in their place; and a node that turns full or free on demand (`schedulable`), which
+a real scheduler only shows after pods fill it."""
 
 import itertools
 import socket
