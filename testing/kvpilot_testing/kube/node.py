@@ -1,7 +1,7 @@
 """The node, played by the test, for the session's control plane on 127.0.0.1 (no scheduler,
-no kubelet there): a Node object, and a loop that binds each new pod of one namespace to it (or reports
-it unschedulable), reports it running and ready, and finishes deleting pods the way a kubelet
-does once its containers stopped (the API server waits for that on bound pods).
+no kubelet there): a Node object, and a loop that binds each new pod of one namespace to it (or
+reports it unschedulable), reports it running and ready, and finishes deleting pods the way a
+kubelet does once its containers stopped (the API server waits for that on bound pods).
 
 With `serve`, every pod gets a real `kvpilot serve` on its own 127.0.0.x address and the pod
 port, reported as the pod's IP once it answers, as a kubelet starts the container. `serve` is
