@@ -96,6 +96,8 @@ def project_image(target: str) -> tuple[str, Path]:
         raise RuntimeError(f"scripts/build-image.sh {target} failed: {build.stderr[-3000:]}")
     partial = archive.with_suffix(".partial")
     _run("buildah", "--storage-driver", "vfs", "push", name, f"oci-archive:{partial}:{name}")
+    for stale in CACHE.glob(f"kvpilot-{target}-*.tar"):
+        stale.unlink()  # an earlier tree's: each is the size of the image
     partial.replace(archive)
     return name, archive
 
