@@ -64,7 +64,11 @@ def test_a_held_request_wakes_its_model_and_is_answered(live, tiny_server):
     assert cluster.get(MD, "beta")["spec"]["replicas"] == 0  # nobody asked for it
     assert gateway.metric("kvpilot_gateway_requests_held") == 0
     assert gateway.metric("kvpilot_gateway_hold_seconds_count", model="alpha", outcome="ready") == 1
-    assert gateway.metric("kvpilot_gateway_requests_total", model="alpha", outcome="ok") == 1
+    # Counted when the gateway's handler ends, which can be just after the client's last byte.
+    wait_for(
+        "the request counted",
+        lambda: gateway.metric("kvpilot_gateway_requests_total", model="alpha", outcome="ok") == 1,
+    )
     wait_for("the gateway to report nothing held", lambda: _held(cluster, "alpha") == 0)
     models = {m["id"]: m for m in httpx.get(f"{gateway.url}/v1/models").json()["data"]}
     assert models["alpha"]["ready"] and not models["beta"]["ready"]

@@ -75,6 +75,10 @@ class Workers:
         port = _free_port()
         self.stopping = False
         self.ready = False  # every rank has built its cache and waits for plans
+        # Held by the one thread that stops the server: the supervisor and the engine's own
+        # thread (a broadcast that failed) can both see a worker die, and a second writer
+        # would truncate the termination message while the first ends the process.
+        self._failing = threading.Lock()
         self.procs: dict[int, subprocess.Popen] = {}
         for rank in range(1, size):
             settings = dataclasses.replace(
@@ -98,7 +102,10 @@ class Workers:
             self.fail(f"rank 0 could not send a step to the workers: {exc}")
 
     def fail(self, message: str) -> NoReturn:
-        """Stop the whole server: nothing can resume a group whose ranks are out of step."""
+        """Stop the whole server: nothing can resume a group whose ranks are out of step. A
+        second caller waits for the first to end the process."""
+        if not self._failing.acquire(blocking=False):
+            threading.Event().wait()
         message = self._dead_worker(_NAME_WAIT_S) or message
         log.critical("tensor parallel group failed: %s", message)
         termination.write(termination.WORKER_FAILED, message)
