@@ -79,7 +79,12 @@ def _convert(gguf: Path, target: Path) -> None:
         fresh.save_pretrained(tmp, safe_serialization=True)
         steps.update()
         tokenizer.save_pretrained(tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the cache from other users
+        # mkdtemp's 0700, and the 0600 of files written through a temporary file (safetensors
+        # are), would hide the copy from other users: an image converts it as root and its
+        # server runs as uid 1000.
+        os.chmod(tmp, 0o755)
+        for written in Path(tmp).iterdir():
+            written.chmod(written.stat().st_mode | 0o444)
         try:
             os.replace(tmp, target)
         except OSError:

@@ -68,11 +68,15 @@ BUILD_INPUTS = (
     "bench",
 )
 _SUFFIXES = {"server": "", "server-cpu": "-cpu", "operator": "-operator"}
+# overlay, not build-image.sh's default vfs: vfs copies the whole file system at every layer,
+# and server-cpu's torch makes that gigabytes a step. This machine's kernel has overlayfs (the
+# node's containerd snapshots with it too).
+STORAGE_DRIVER = "overlay"
 
 
-def project_image(target: str) -> tuple[str, Path]:
-    """(the image's name, an OCI archive of it) for a target of the Dockerfile, as
-    scripts/build-image.sh tags it; built again only when one of BUILD_INPUTS changed."""
+def project_archive(target: str) -> tuple[str, Path]:
+    """(the image's name as scripts/build-image.sh tags it, where its archive is cached): the
+    archive's name carries a hash of BUILD_INPUTS."""
     version = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
     name = f"localhost/kvpilot:{version[1]}{_SUFFIXES[target]}"
     files = _run("git", "-C", ROOT, "ls-files", "-co", "--exclude-standard", "--", *BUILD_INPUTS)
@@ -81,13 +85,19 @@ def project_image(target: str) -> tuple[str, Path]:
         path = ROOT / relative
         if path.is_file():
             digest.update(relative.encode() + b"\0" + path.read_bytes())
-    archive = CACHE / f"kvpilot-{target}-{digest.hexdigest()[:16]}.tar"
+    return name, CACHE / f"kvpilot-{target}-{digest.hexdigest()[:16]}.tar"
+
+
+def project_image(target: str) -> tuple[str, Path]:
+    """(the image's name, an OCI archive of it) for a target of the Dockerfile; built again
+    only when one of BUILD_INPUTS changed."""
+    name, archive = project_archive(target)
     if archive.is_file():
         return name, archive
     CACHE.mkdir(parents=True, exist_ok=True)
     build = subprocess.run(
         [ROOT / "scripts/build-image.sh", target],
-        env={**os.environ, "LOCAL_BASE": "always", "IMAGE": name},
+        env={**os.environ, "LOCAL_BASE": "always", "IMAGE": name, "STORAGE_DRIVER": STORAGE_DRIVER},
         capture_output=True,
         text=True,
         check=False,
@@ -95,7 +105,10 @@ def project_image(target: str) -> tuple[str, Path]:
     if build.returncode:
         raise RuntimeError(f"scripts/build-image.sh {target} failed: {build.stderr[-3000:]}")
     partial = archive.with_suffix(".partial")
-    _run("buildah", "--storage-driver", "vfs", "push", name, f"oci-archive:{partial}:{name}")
+    # Uncompressed: gzip of a server image costs minutes on two cores, and the archive is only
+    # read back by ctr on this machine.
+    buildah = ["buildah", "--storage-driver", STORAGE_DRIVER, "push", "--disable-compression"]
+    _run(*buildah, name, f"oci-archive:{partial}:{name}")
     for stale in CACHE.glob(f"kvpilot-{target}-*.tar"):
         stale.unlink()  # an earlier tree's: each is the size of the image
     partial.replace(archive)

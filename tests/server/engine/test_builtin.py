@@ -19,6 +19,16 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
     assert leftovers == []  # neither the target nor a temporary directory
 
 
+def test_a_conversion_is_readable_by_other_users(tmp_path, monkeypatch):
+    """An image converts the model as root and serves it as uid 1000: every file must be
+    readable by others (safetensors writes its file 0600; a real kubelet's pod met that)."""
+    monkeypatch.setenv("KVPILOT_CACHE", str(tmp_path))
+    path = builtin.builtin_path("smollm2-135m-instruct")
+    assert path.stat().st_mode & 0o005 == 0o005
+    for file in path.iterdir():
+        assert file.stat().st_mode & 0o004, file.name
+
+
 def test_converted_cache_is_reused(smollm2, monkeypatch):
     monkeypatch.setattr(builtin, "_convert", lambda *a: pytest.fail("converted twice"))
     assert builtin.builtin_path("smollm2-135m-instruct") == smollm2
