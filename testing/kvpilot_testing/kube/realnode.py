@@ -18,6 +18,7 @@ snapshots) are unmounted; files that appeared in hoststate.HOST_PATHS are remove
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -185,6 +186,10 @@ class RealNode:
             try:
                 _unmount_under(self.dir)
                 _remove_cgroups()
+                # Its images, unpacked: gigabytes a run with the server image, which pytest's
+                # kept temporary folders would otherwise hold three times over. Logs stay.
+                for store in ("containerd", "containerd-state", "kubelet"):
+                    shutil.rmtree(self.dir / store, ignore_errors=True)
             finally:
                 delete_network()
                 hoststate.remove_new(self.host_entries)
