@@ -16,6 +16,21 @@ HOST_PATHS = (Path("/run/containerd"), Path("/var/lib/cni"), Path("/var/log/cont
 KUBELET_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
 
 
+# The network namespaces `ip netns` pins: containerd's CRI makes one per pod sandbox here
+# (cni-<uuid>), bind-mounted, which outlive a killed containerd.
+NETNS = Path("/run/netns")
+
+
+def netns_names() -> set[str]:
+    return set(os.listdir(NETNS)) if NETNS.is_dir() else set()
+
+
+def delete_new_netns(before: set[str]) -> None:
+    """Those pinned since `before` (`ip netns del` unmounts, then removes)."""
+    for name in sorted(netns_names() - before):
+        _run("ip", "netns", "del", name, check=False)
+
+
 def entries() -> dict[Path, set[str] | None]:
     """What HOST_PATHS hold now (None: absent)."""
     return {p: set(os.listdir(p)) if p.is_dir() else None for p in HOST_PATHS}
@@ -38,7 +53,8 @@ def remove_new(before: dict[Path, set[str] | None]) -> None:
 def host_state() -> dict[str, str]:
     """What the node must leave as it found it: the host's links, addresses, routes, packet
     filter rules (traffic counters and the dump's timestamp comments left out), the sysctls
-    a kubelet, kube-proxy or the bridge plugin would change, and HOST_PATHS' entries."""
+    a kubelet, kube-proxy or the bridge plugin would change, HOST_PATHS' entries and the
+    pinned network namespaces."""
     counters = re.compile(r"\[\d+:\d+\]")
 
     def rules(*argv: str) -> str:
@@ -58,6 +74,7 @@ def host_state() -> dict[str, str]:
         "nftables": rules("nft", "list", "ruleset"),
         "sysctls": _run("sysctl", *sysctls).stdout,
         "files": repr(entries()),
+        "network namespaces": repr(sorted(netns_names())),
     }
 
 

@@ -60,6 +60,7 @@ class RealNode:
         self.processes: list[tuple[str, subprocess.Popen, Path]] = []
         self.sysctls: dict[str, str] = {}
         self.host_entries: dict[Path, set[str] | None] = {}
+        self.netns_before: set[str] | None = None  # None: never started
         self.socket = workdir / "containerd.sock"
 
     # -- the network namespace ----------------------------------------------------------------
@@ -94,6 +95,7 @@ class RealNode:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sysctls = {k: run("sysctl", "-n", k).stdout.strip() for k in hoststate.KUBELET_SYSCTLS}
         self.host_entries = hoststate.entries()
+        self.netns_before = hoststate.netns_names()
         values = {"root": str(self.dir), "cni_bin": str(CNI_BIN), "sandbox_image": SANDBOX_IMAGE}
         values |= {"pod_cidr": POD_CIDR, "node_ip": NODE_IP, "cgroup": CGROUP}
         (self.dir / "cni").mkdir(exist_ok=True)
@@ -191,6 +193,8 @@ class RealNode:
                 for store in ("containerd", "containerd-state", "kubelet"):
                     shutil.rmtree(self.dir / store, ignore_errors=True)
             finally:
+                if self.netns_before is not None:
+                    hoststate.delete_new_netns(self.netns_before)  # the pods' sandboxes'
                 delete_network()
                 hoststate.remove_new(self.host_entries)
 
