@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from kvpilot_testing.kube.cluster import MD, Cluster, create_namespace, wait_for
-from kvpilot_testing.kube.images import project_image
+from kvpilot_testing.kube.images import chart_values, project_image
 from kvpilot_testing.kube.install import NAMESPACE, RELEASE, install
 from kvpilot_testing.kube.realnode import NAMESPACE as NETNS
 from kvpilot_testing.paths import ROOT
@@ -21,24 +21,14 @@ from kvpilot_testing.paths import ROOT
 QUESTION = {"role": "user", "content": "What is the capital of France?"}
 
 
-def _image_values(prefix: str, name: str) -> list[str]:
-    registry, _, rest = name.partition("/")
-    repository, _, tag = rest.partition(":")
-    return [
-        f"{prefix}.registry={registry}",
-        f"{prefix}.repository={repository}",
-        f"{prefix}.tag={tag}",
-    ]
-
-
 @pytest.fixture(scope="module")
 def cluster(real_node) -> Iterator[Cluster]:
-    values = ["watch.scope=All", "image.pullPolicy=Never"]
-    for prefix, target in (("image", "operator"), ("modelImage", "server-cpu")):
+    values = ["--set", "watch.scope=All", "--set", "image.pullPolicy=Never"]
+    for key, target in (("image", "operator"), ("modelImage", "server-cpu")):
         name, archive = project_image(target)
         real_node.node.import_image(archive)
-        values += _image_values(prefix, name)
-    installed = install(real_node.plane, *(a for v in values for a in ("--set", v)))
+        values += chart_values(key, name)
+    installed = install(real_node.plane, *values)
     create_namespace(real_node.plane, "models")
     cluster = Cluster(real_node.plane, "models", installed.operator_kubeconfig)
     try:

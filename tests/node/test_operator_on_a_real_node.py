@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from kvpilot_testing.kube.cluster import MD, Cluster, create_namespace, wait_for
-from kvpilot_testing.kube.images import project_image
+from kvpilot_testing.kube.images import chart_values, project_image
 from kvpilot_testing.kube.install import CRD_NAME, NAMESPACE, RELEASE, helm, install
 from kvpilot_testing.kube.realnode import NAMESPACE as NETNS
 from kvpilot_testing.kube.realnode import NODE_NAME
@@ -28,12 +28,9 @@ OPERATOR = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-operator"
 def cluster(real_node) -> Iterator[Cluster]:
     name, archive = project_image("operator")
     real_node.node.import_image(archive)
-    registry, _, rest = name.partition("/")
-    repository, _, tag = rest.partition(":")
-    image = [f"image.registry={registry}", f"image.repository={repository}", f"image.tag={tag}"]
     # The model pods' image is on no registry the node can reach (one test is about that).
-    values = ["watch.scope=All", "image.pullPolicy=Never", *image]
-    installed = install(real_node.plane, *(a for v in values for a in ("--set", v)))
+    values = ["--set", "watch.scope=All", "--set", "image.pullPolicy=Never"]
+    installed = install(real_node.plane, *values, *chart_values("image", name))
     create_namespace(real_node.plane, "models")
     cluster = Cluster(real_node.plane, "models", installed.operator_kubeconfig)
     try:

@@ -48,6 +48,17 @@ class ControlPlaneError(RuntimeError):
     pass
 
 
+def terminate(process: subprocess.Popen, grace_s: float = 15) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within grace_s."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class ControlPlane:
     """Started by start(), stopped (every process by PID) by stop(); files live in `workdir`."""
 
@@ -93,13 +104,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         for _, process, _ in reversed(self.processes):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            terminate(process)
         self.processes.clear()
 
     def _keys(self) -> None:

@@ -28,7 +28,7 @@ def netns_names() -> set[str]:
 def delete_new_netns(before: set[str]) -> None:
     """Those pinned since `before` (`ip netns del` unmounts, then removes)."""
     for name in sorted(netns_names() - before):
-        _run("ip", "netns", "del", name, check=False)
+        run("ip", "netns", "del", name, check=False)
 
 
 def entries() -> dict[Path, set[str] | None]:
@@ -60,23 +60,24 @@ def host_state() -> dict[str, str]:
     def rules(*argv: str) -> str:
         if shutil.which(argv[0]) is None:
             return f"{argv[0]}: not installed"
-        done = _run(*argv, check=False)
+        done = run(*argv, check=False)
         lines = [counters.sub("", x) for x in done.stdout.splitlines() if not x.startswith("#")]
         return "\n".join(lines) if done.returncode == 0 else f"unavailable: {done.stderr}"
 
     sysctls = (*KUBELET_SYSCTLS, "net.ipv4.ip_forward", "net.ipv4.conf.all.route_localnet")
     return {
-        "links": _run("ip", "-o", "link", "show").stdout,
-        "addresses": _run("ip", "-o", "address", "show").stdout,
-        "routes": _run("ip", "route", "show", "table", "all").stdout,
+        "links": run("ip", "-o", "link", "show").stdout,
+        "addresses": run("ip", "-o", "address", "show").stdout,
+        "routes": run("ip", "route", "show", "table", "all").stdout,
         "iptables": rules("iptables-save"),
         "ip6tables": rules("ip6tables-save"),
         "nftables": rules("nft", "list", "ruleset"),
-        "sysctls": _run("sysctl", *sysctls).stdout,
+        "sysctls": run("sysctl", *sysctls).stdout,
         "files": repr(entries()),
         "network namespaces": repr(sorted(netns_names())),
     }
 
 
-def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, check=check)
+def run(*argv: str | Path, check: bool = True) -> subprocess.CompletedProcess:
+    """A command's output as text (kube/realnode.py runs its commands through this too)."""
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, check=check)

@@ -115,6 +115,14 @@ def project_image(target: str) -> tuple[str, Path]:
     return name, archive
 
 
+def chart_values(key: str, name: str) -> list[str]:
+    """`helm --set` values for an image the chart names under `key` (image, modelImage)."""
+    registry, _, rest = name.partition("/")
+    repository, _, tag = rest.partition(":")
+    values = {"registry": registry, "repository": repository, "tag": tag}
+    return [a for field, value in values.items() for a in ("--set", f"{key}.{field}={value}")]
+
+
 def static_image(
     name: str, source: Path, entrypoint: list[str], user: str, defines: list[str] = ()
 ) -> Path:

@@ -25,7 +25,14 @@ import time
 from pathlib import Path
 
 from kvpilot_testing.kube import hoststate
-from kvpilot_testing.kube.controlplane import ADMIN_TOKEN, BIN_DIR, ControlPlane, ControlPlaneError
+from kvpilot_testing.kube.controlplane import (
+    ADMIN_TOKEN,
+    BIN_DIR,
+    ControlPlane,
+    ControlPlaneError,
+    terminate,
+)
+from kvpilot_testing.kube.hoststate import run
 from kvpilot_testing.paths import ROOT
 
 CONFIGS = ROOT / "tools" / "node"
@@ -45,10 +52,6 @@ def render(template: Path, **values: str) -> str:
     """A config file from tools/node with its {name} placeholders filled (JSON and TOML keep
     their own braces: only {lowercase_name} is a placeholder)."""
     return re.sub(r"\{([a-z_]+)\}", lambda m: values[m[1]], template.read_text())
-
-
-def run(*argv: str | Path, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, check=check)
 
 
 class RealNode:
@@ -89,7 +92,7 @@ class RealNode:
         if missing:
             names = ", ".join(missing)
             raise ControlPlaneError(f"{names} not in {self.bin}: run scripts/controlplane.sh")
-        absent = [c for c in HOST_COMMANDS if run("which", c, check=False).returncode]
+        absent = [c for c in HOST_COMMANDS if shutil.which(c) is None]
         if absent:
             raise ControlPlaneError(f"{', '.join(absent)} not installed: run scripts/node.sh")
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -180,7 +183,7 @@ class RealNode:
             for name, process, _ in reversed(self.processes):
                 if name == "containerd":
                     self._kill_containers()  # before containerd: its shims outlive it otherwise
-                _terminate(process)
+                terminate(process)
                 self.plane.processes[:] = [p for p in self.plane.processes if p[1] is not process]
             self.processes.clear()
             self._kill_containers()
@@ -213,16 +216,6 @@ class RealNode:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _terminate(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _create_cgroups() -> None:
