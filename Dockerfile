@@ -37,8 +37,9 @@ RUN (getent passwd 1000 >/dev/null || useradd --uid 1000 --gid 0 --home-dir /tmp
     && mkdir -p /opt/kvpilot /var/cache/kvpilot \
     && chown 1000:0 /var/cache/kvpilot && chmod 0775 /var/cache/kvpilot
 
-# The engine builds its optional CPU kernels on first use with -march=native (so they cannot be
-# built here, for another machine's CPU): a C++ compiler and Python's headers must be present.
+# The engine's CPU kernels come prebuilt for a few instruction-set levels (server-cpu-build); a
+# CPU that fits none builds them on first use with -march=native, so a C++ compiler and Python's
+# headers stay in the image.
 FROM slim AS slim-toolchain
 # hadolint ignore=DL3008,SC2086
 RUN pkgs=g++ \
@@ -129,6 +130,11 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && KVPILOT_CACHE=/opt/kvpilot/models HF_HUB_OFFLINE=1 python3 -c 'from kvpilot_server.models.builtin import builtin_path; print(builtin_path("smollm2-135m-instruct"))' \
     && mkdir -p /var/cache/kvpilot && chown -R 1000:0 /var/cache/kvpilot && chmod -R g=u /var/cache/kvpilot
 
+# The CPU kernels, built once here for each level instead of in every new pod (a minute or more
+# of compiling, and gigabytes of compiler inside the pod's memory limit).
+RUN python3 -m kvpilot_server.engine.kernels.cpu_kernels /opt/kvpilot/kernels \
+    && chmod -R a+rX /opt/kvpilot/kernels
+
 FROM slim-toolchain AS server-cpu
 ARG VERSION=""
 ARG REVISION=""
@@ -145,6 +151,8 @@ LABEL org.opencontainers.image.title="kvpilot-server-cpu" \
 COPY --from=server-cpu-build /opt/kvpilot/venv /opt/kvpilot/venv
 COPY --from=server-cpu-build /var/cache/kvpilot /var/cache/kvpilot
 COPY --from=server-cpu-build /opt/kvpilot/models /opt/kvpilot/models
+COPY --from=server-cpu-build /opt/kvpilot/kernels /opt/kvpilot/kernels
+ENV KVPILOT_CPU_KERNELS_DIR=/opt/kvpilot/kernels
 WORKDIR /tmp
 USER 1000:0
 EXPOSE 8000

@@ -1,18 +1,28 @@
-"""Optional compiled CPU kernels (csrc/), built once on first use with the machine's C++
-compiler into one module.
+"""Optional compiled CPU kernels (csrc/), one module, found prebuilt or built on first use.
+
+A server image carries the module prebuilt for a few instruction-set levels (`prebuild`, run by
+the Dockerfile into KVPILOT_CPU_KERNELS_DIR): a new pod then serves within seconds instead of
+compiling for a minute or more, and without the compiler's gigabytes on top of the model's inside
+its memory limit. The best level the CPU's flags allow is imported; a CPU that fits none (or a
+checkout without the directory) builds the module once with the machine's C++ compiler and
+-march=native, as before.
 
 The PyTorch reference path stays the definition of correct; a kernel is used only when the
-module builds, and tests compare the two. Set KVPILOT_CPU_KERNELS=0 to turn them off.
+module loads, and tests compare the two. Set KVPILOT_CPU_KERNELS=0 to turn them off.
 """
 
 import functools
+import importlib.util
 import logging
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
+NAME = "kvpilot_cpu"
 SOURCES = (
     "module.cpp",
     "weight_only.cpp",
@@ -23,11 +33,48 @@ SOURCES = (
 )
 # Without contracted multiply-adds the rotation is the same float operations as PyTorch's, bit
 # for bit; the products' multiply-adds are explicit intrinsics, so they keep theirs.
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
+FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
+PREBUILT_ENV = "KVPILOT_CPU_KERNELS_DIR"
+
+
+@dataclass(frozen=True)
+class Level:
+    """One prebuilt instruction-set level: its compiler flags and the /proc/cpuinfo flags a CPU
+    must show to run it."""
+
+    name: str
+    march: tuple[str, ...]
+    needs: frozenset[str]
+
+
+# x86-64-v3 is the floor the kernels' intrinsics need (AVX2, FMA, F16C); v4 adds AVX-512, and
+# VNNI turns on the int8 activations' dot-product path. Best first.
+_V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+LEVELS = (
+    Level("avx512-vnni", ("-march=x86-64-v4", "-mavx512vnni"), _V4 | {"avx512_vnni"}),
+    Level("avx2", ("-march=x86-64-v3",), _V3),
+)
+
+
+def cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def choose(flags: frozenset[str], available: set[str]) -> Level | None:
+    """The best prebuilt level this CPU can run, among those present."""
+    return next((lv for lv in LEVELS if lv.name in available and lv.needs <= flags), None)
 
 
 def load() -> ModuleType | None:
-    """The kernels' module, or None when disabled or the build fails."""
+    """The kernels' module, or None when disabled or neither found nor buildable."""
     if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
         return None
     return _load()
@@ -35,15 +82,44 @@ def load() -> ModuleType | None:
 
 @functools.cache
 def _load() -> ModuleType | None:
+    root = os.environ.get(PREBUILT_ENV)
+    if root:
+        present = {p.parent.name for p in Path(root).glob(f"*/{NAME}*.so")}
+        level = choose(cpu_flags(), present)
+        if level is not None:
+            try:
+                module = _import(next((Path(root) / level.name).glob(f"{NAME}*.so")))
+                log.info("CPU kernels: prebuilt for %s (%s)", level.name, Path(root) / level.name)
+                return module
+            except ImportError as exc:  # built against another torch: build here instead
+                log.warning("CPU kernels prebuilt for %s do not load (%s)", level.name, exc)
+        else:
+            log.warning("CPU kernels: none of %s fits this CPU", sorted(present) or "(none)")
+    log.info("CPU kernels: compiling for this CPU (-march=native), once; a minute or more")
     try:
-        return build("kvpilot_cpu")
+        module = build(NAME, ("-march=native",))
     except Exception as exc:  # no compiler, no ninja, unsupported platform: use PyTorch's ops
         log.warning("CPU kernels unavailable (%s); using the PyTorch path", exc)
         return None
+    log.info("CPU kernels: built for this CPU (-march=native)")
+    return module
+
+
+def _import(path: Path) -> ModuleType:
+    import torch  # noqa: F401  (the module links against torch's libraries, loaded first)
+
+    # torch names a second build of one name in one process NAME_v1: the file says which.
+    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"not a Python extension: {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build(name: str, flags: tuple[str, ...] = (), directory: str | None = None) -> ModuleType:
-    """Compile the module under `name`, with extra compiler flags (tests build variants).
+    """Compile the module under `name`, with the given compiler flags (an -march, and variants
+    the tests build).
 
     torch marks a build in progress with a plain `lock` file that a killed build (a server
     stopped during its first start) leaves behind, and every later load then waits for it
@@ -68,3 +144,17 @@ def build(name: str, flags: tuple[str, ...] = (), directory: str | None = None) 
             build_directory=str(where),
             verbose=False,
         )
+
+
+def prebuild(root: Path) -> None:
+    """Build the module for every level into root/<level>/ (the image's build step)."""
+    for level in LEVELS:
+        print(f"building CPU kernels for {level.name} ({' '.join(level.march)})", flush=True)
+        build(NAME, level.march, str(root / level.name))
+        for leftover in (root / level.name).iterdir():  # keep the module, not the objects
+            if leftover.is_file() and leftover.suffix != ".so":
+                leftover.unlink()
+
+
+if __name__ == "__main__":
+    prebuild(Path(sys.argv[1]))

@@ -2,6 +2,9 @@
 within a stated tolerance of its float version per format, SmolLM2 still answers and agrees with
 float32, and combinations that cannot run fail at start with a clear message."""
 
+import logging
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -232,19 +235,26 @@ def test_unsupported_combinations_fail_at_start(smollm2):
         EngineConfig(quantization="int3")
 
 
-def test_cpus_without_vnni_get_the_same_answers(tmp_path):
-    # AVX2-only CPUs multiply the bytes with maddubs + madd instead of VNNI's dpbusd; the
-    # integers are exact either way, so the answers must be identical, not merely close. Built
-    # here with VNNI switched off, as such a CPU would build it.
-    portable = cpu_kernels.build(
-        "kvpilot_cpu_without_vnni", ("-mno-avxvnni", "-mno-avx512vnni"), str(tmp_path)
-    )
+def test_the_prebuilt_avx2_kernels_load_and_give_the_same_answers(tmp_path, monkeypatch, caplog):
+    # The image's avx2 level, for CPUs without AVX-512: it multiplies the bytes with maddubs +
+    # madd instead of VNNI's dpbusd; the integers are exact either way, so the answers must be
+    # identical, not merely close. Built as the image builds it, and loaded as a server on an
+    # AVX2-only CPU would load it (that CPU's flags stand in for one this machine may not be).
+    native = cpu_kernels.load()  # this CPU's, cached before the environment below is set
+    avx2 = next(level for level in cpu_kernels.LEVELS if level.name == "avx2")
+    cpu_kernels.build(cpu_kernels.NAME, avx2.march, str(tmp_path / "avx2"))
+    monkeypatch.setenv(cpu_kernels.PREBUILT_ENV, str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: avx2.needs)
+    with caplog.at_level(logging.INFO, logger=cpu_kernels.__name__):
+        portable = cpu_kernels._load.__wrapped__()
+    assert f"CPU kernels: prebuilt for avx2 ({tmp_path / 'avx2'})" in caplog.messages
+    assert Path(portable.__file__).parent == tmp_path / "avx2" != Path(native.__file__).parent
     torch.manual_seed(0)
     linear = nn.Linear(1536, 576)
     int4 = Int4Linear(linear, DenseBuffer(torch.empty(0)), 32)
     int4_args = int4.weight, int4.scale, int4.minimum, 32, int4.bias
     int8_args = *quantize_int8(linear.weight), linear.bias
-    native = int4.kernel
+    assert int4.kernel is native
     for rows in (1, 5, KERNEL_MAX_ROWS):
         x = torch.randn(rows, 1536) * 3
         x[0, :32] = 100.0  # the largest products the int8 path meets: 127 * 127 per pair
