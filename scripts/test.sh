@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
 # The test command: set up (idempotent), build the Kubernetes control plane and node binaries the
-# operator and node tests run against (once; cached outside the repo), install the node's
-# Debian tools (containerd, runc, CNI plugins, buildah; once), lint and format check, type-check the torch-free packages (the files
-# are in pyproject.toml's [tool.mypy]), then the whole suite. Extra args go to pytest.
+# operator and end-to-end tests run against (once; cached outside the repo), install the node's
+# Debian tools (containerd, runc, CNI plugins, buildah; once), lint and format check, type-check
+# the torch-free packages (the files are in pyproject.toml's [tool.mypy]), then the tests in two
+# steps, each with its own pytest summary: everything but tests/e2e, then tests/e2e on a real
+# node (the images built from the Dockerfile, containerd, the kubelet). Each step's time is
+# printed. Extra args go to one pytest run instead of the two steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
-./scripts/controlplane.sh >/dev/null
-./scripts/node.sh
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-.venv/bin/mypy
-.venv/bin/python -m pytest "$@"
+
+step() {  # name, command...: run it, say how long it took, return its status
+  local name="$1" start=$SECONDS status=0
+  shift
+  "$@" || status=$?
+  echo "== $name: $((SECONDS - start)) s"
+  return "$status"
+}
+
+step "set-up" ./scripts/setup.sh
+step "control plane binaries" ./scripts/controlplane.sh >/dev/null
+step "node tools" ./scripts/node.sh
+step "lint and types" bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy'
+if [ $# -gt 0 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+failed=0
+step "tests (all but tests/e2e)" .venv/bin/python -m pytest --ignore=tests/e2e || failed=1
+step "end-to-end tests (tests/e2e, a real node)" .venv/bin/python -m pytest tests/e2e || failed=1
+exit "$failed"

@@ -1,5 +1,5 @@
 """The operator's kopf half finds the API server in a pod as client-go does: at the address the
-kubelet's Service environment gives (tests/node/ runs it in a pod, where cluster DNS is absent)."""
+kubelet's Service environment gives (tests/e2e/ runs it in a pod, where cluster DNS is absent)."""
 
 import kopf
 

@@ -115,7 +115,7 @@ PULL = _pod(
         }
     ]
 )
-# A real kubelet's words (tests/node/test_real_node.py meets them).
+# A real kubelet's words (tests/e2e/test_real_node.py meets them).
 NEVER_PULLED = _pod(
     containerStatuses=[
         {

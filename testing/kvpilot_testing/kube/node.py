@@ -8,7 +8,7 @@ port, reported as the pod's IP once it answers, as a kubelet starts the containe
 given the address and the pod, so the server can follow the pod's container args (the served
 model name the gateway routes by).
 
-A real node exists (kube/realnode.py, tests/node/): what a kubelet, containerd and the scheduler
+A real node exists (kube/realnode.py, tests/e2e/): what a kubelet, containerd and the scheduler
 do is tested there, the operator and gateway run as pods from their image. What stays played
 here, and why: model pods that serve, since the server-cpu image (torch, about 4 GB) is not yet
 built for the real node, so the gateway, autoscaler and wake tests start `kvpilot serve` on

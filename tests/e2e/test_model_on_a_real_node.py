@@ -1,0 +1,218 @@
+"""Models served by kvpilot's own server image under a real kubelet: the chart installed with
+the operator and server-cpu images built from the Dockerfile, `builtin-cpu.yaml` applied as
+shipped but for its CPUs, and the pods the operator makes started by the kubelet (uid 1000,
+read-only root, the operator's probes, the kernels prebuilt in the image). Then what a model
+owner does to it: a chat completion through the model's Service and through the gateway's (as a
+client pod in the cluster sends them), `kubectl scale` to 2 and back, a pod deleted while it
+streams (the stream drains to its end), the ModelDeployment deleted (its children go), and a
+model at zero replicas woken by a request held in the gateway's pod."""
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvpilot_common.naming import INSTANCE_LABEL
+from kvpilot_testing.kube.cluster import (
+    DEPLOYMENTS,
+    EVENTS,
+    MD,
+    PODS,
+    SERVICES,
+    Cluster,
+    create_namespace,
+    wait_for,
+)
+from kvpilot_testing.kube.images import chart_values, project_image
+from kvpilot_testing.kube.install import NAMESPACE, RELEASE, install
+from kvpilot_testing.kube.realnode import NAMESPACE as NETNS
+from kvpilot_testing.paths import ROOT
+
+QUESTION = {"role": "user", "content": "What is the capital of France?"}
+CLIENT = Path(__file__).parent / "in_the_cluster.py"
+# The node has 2 cores: two model replicas beside the operator and the gateway.
+CPU = "800m"
+
+
+@pytest.fixture(scope="module")
+def cluster(real_node) -> Iterator[Cluster]:
+    values = ["--set", "watch.scope=All", "--set", "image.pullPolicy=Never"]
+    for key, target in (("image", "operator"), ("modelImage", "server-cpu")):
+        name, archive = project_image(target)
+        real_node.node.import_image(archive)
+        values += chart_values(key, name)
+    installed = install(real_node.plane, *values)
+    create_namespace(real_node.plane, "models")
+    cluster = Cluster(real_node.plane, "models", installed.operator_kubeconfig)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _client(*args: str, timeout: float = 360) -> subprocess.Popen:
+    """in_the_cluster.py in the node's network namespace; its JSON lines on stdout."""
+    argv = ["nsenter", f"--net=/run/netns/{NETNS}", "--", sys.executable, str(CLIENT), *args]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _post(url: str, body: dict) -> dict:
+    client = _client("post", url, json.dumps(body))
+    out, err = client.communicate(timeout=360)
+    assert client.returncode == 0, err[-2000:]
+    return json.loads(out)
+
+
+def _service_url(cluster: Cluster, namespace: str, name: str) -> str:
+    service = cluster.plane.get(f"/api/v1/namespaces/{namespace}/services/{name}")
+    return f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+
+
+def _gateway(cluster: Cluster) -> str:
+    return _service_url(cluster, NAMESPACE, f"{RELEASE}-gateway")
+
+
+def _pods(cluster: Cluster, model: str) -> list[dict]:
+    with cluster.plane.client() as http:
+        params = {"labelSelector": f"{INSTANCE_LABEL}={model}"}
+        return http.get(cluster.path(PODS), params=params).json().get("items", [])
+
+
+def _log(cluster: Cluster, pod: dict) -> str:
+    """A pod's log, through the API server from the kubelet."""
+    with cluster.plane.client() as http:
+        return http.get(cluster.path(PODS, pod["metadata"]["name"]) + "/log").text
+
+
+def _status(cluster: Cluster, name: str) -> dict:
+    status = (cluster.get(MD, name) or {}).get("status", {})
+    found = {c["type"]: c for c in status.get("conditions", [])}
+    if found.get("Degraded", {}).get("status") == "True":
+        raise AssertionError(f"Degraded: {found['Degraded']}")
+    return status
+
+
+def _ready_replicas(cluster: Cluster, name: str, count: int) -> bool:
+    """The model's status and its pods agree that exactly `count` replicas serve."""
+    status = _status(cluster, name)
+    running = [p for p in _pods(cluster, name) if not p["metadata"].get("deletionTimestamp")]
+    return status.get("readyReplicas") == count and len(_pods(cluster, name)) == count == len(
+        running
+    )
+
+
+def _wait_replicas(cluster: Cluster, name: str, count: int, timeout: float, what: str) -> None:
+    wait_for(what, lambda: _ready_replicas(cluster, name, count), timeout=timeout, interval=1)
+
+
+def _kubectl(cluster: Cluster, *args: str) -> str:
+    argv = [cluster.plane.bin / "kubectl", "--kubeconfig", cluster.plane.kubeconfig, "-n", "models"]
+    done = subprocess.run([*argv, *args], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_cpu_sample_turns_ready_and_answers_through_its_service_and_the_gateway(
+    cluster, tmp_path
+):
+    body = yaml.safe_load((ROOT / "crds/samples/builtin-cpu.yaml").read_text())
+    body["spec"]["resources"]["cpu"] = CPU
+    (tmp_path / "md.yaml").write_text(yaml.safe_dump(body))
+    start = time.monotonic()
+    _kubectl(cluster, "apply", "-f", str(tmp_path / "md.yaml"))
+    _wait_replicas(cluster, "smollm2", 1, 300, "smollm2 Ready")
+    print(json.dumps({"apply_to_ready_s": round(time.monotonic() - start, 1)}))
+    # The image's kernels served: no compiler ran inside the pod's memory limit.
+    assert "CPU kernels: prebuilt for" in _log(cluster, _pods(cluster, "smollm2")[0])
+
+    request = {"model": "smollm2", "messages": [QUESTION], "max_tokens": 16, "temperature": 0}
+    direct = _post(_service_url(cluster, "models", "smollm2") + "/v1/chat/completions", request)
+    assert direct["status"] == 200, direct
+    answer = direct["body"]["choices"][0]["message"]["content"]
+    assert "Paris" in answer
+    through = _post(_gateway(cluster) + "/v1/chat/completions", request)
+    assert through["status"] == 200, through
+    assert through["body"]["choices"][0]["message"]["content"] == answer
+
+
+def test_kubectl_scale_to_two_and_back(cluster):
+    _kubectl(cluster, "scale", "modeldeployment/smollm2", "--replicas=2")
+    _wait_replicas(cluster, "smollm2", 2, 300, "two ready replicas")
+    _kubectl(cluster, "scale", "modeldeployment/smollm2", "--replicas=1")
+    _wait_replicas(cluster, "smollm2", 1, 180, "one replica again")
+    assert cluster.get(DEPLOYMENTS, "smollm2")["spec"]["replicas"] == 1
+
+
+def test_a_pod_deleted_while_it_streams_drains_the_stream_to_its_end(cluster):
+    """The kubelet runs preStop, then SIGTERM: the pod stops being ready (seen on its /ready
+    while the stream runs) and finishes what it was generating before it exits."""
+    (pod,) = _pods(cluster, "smollm2")
+    ip = pod["status"]["podIP"]
+    # Long enough to outlast preStop's sleep at this pod's pace; ignore_eos: all of it.
+    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 1200}
+    body |= {"temperature": 0, "ignore_eos": True, "stream": True}
+    body |= {"stream_options": {"include_usage": True}}
+    url = _service_url(cluster, "models", "smollm2") + "/v1/completions"
+    client = _client("stream", url, json.dumps(body), f"http://{ip}:8000/ready")
+    try:
+        assert client.stdout is not None
+        events = [json.loads(client.stdout.readline())]
+        assert events[0] == {"event": "streaming"}, events
+        cluster.delete(PODS, pod["metadata"]["name"])
+        events += [json.loads(line) for line in client.stdout]
+        assert client.wait(timeout=60) == 0, client.stderr.read() if client.stderr else ""
+    finally:
+        client.kill()
+    kinds = [e["event"] for e in events]
+    assert kinds == ["streaming", "draining", "end"], events  # SIGTERM came mid-stream
+    end = events[-1]
+    assert end["done"] and end["finish_reason"] == "length", end
+    assert end["usage"]["completion_tokens"] == 1200
+    # The Deployment replaced the pod; the new one serves.
+    _wait_replicas(cluster, "smollm2", 1, 180, "a new pod Ready")
+    assert _pods(cluster, "smollm2")[0]["metadata"]["name"] != pod["metadata"]["name"]
+
+
+def test_deleting_the_model_deployment_takes_its_pods_and_service(cluster):
+    cluster.delete(MD, "smollm2")
+
+    def gone() -> bool:
+        return not (
+            cluster.get(DEPLOYMENTS, "smollm2")
+            or cluster.get(SERVICES, "smollm2")
+            or _pods(cluster, "smollm2")
+        )
+
+    wait_for("the Deployment, Service and pods to go", gone, timeout=120, interval=1)
+
+
+def test_a_model_at_zero_is_woken_by_a_request_held_in_the_gateway(cluster):
+    autoscaling = {"enabled": True, "minReplicas": 0, "maxReplicas": 1, "intervalSeconds": 2}
+    spec = {
+        "model": {"source": "builtin://smollm2-135m-instruct"},
+        "engine": {"maxModelLen": 2048},
+        "resources": {"gpus": 0, "cpu": CPU, "memory": "4Gi"},
+        "replicas": 0,
+        "autoscaling": autoscaling,
+    }
+    cluster.create(MD, {"metadata": {"name": "sleepy"}, "spec": spec})
+    wait_for("the operator's status", lambda: _status(cluster, "sleepy").get("conditions"))
+    assert not _pods(cluster, "sleepy")
+    request = {"model": "sleepy", "messages": [QUESTION], "max_tokens": 16, "temperature": 0}
+    start = time.monotonic()
+    answer = _post(_gateway(cluster) + "/v1/chat/completions", request)
+    print(json.dumps({"from_zero_to_answer_s": round(time.monotonic() - start, 1)}))
+    assert answer["status"] == 200, answer
+    assert "Paris" in answer["body"]["choices"][0]["message"]["content"]
+    assert cluster.get(MD, "sleepy")["spec"]["replicas"] == 1
+    woke = [
+        e
+        for e in cluster.list(EVENTS)
+        if e["involvedObject"]["name"] == "sleepy" and e["reason"] == "ScaledUp"
+    ]
+    assert woke and "held" in woke[0]["message"], woke
