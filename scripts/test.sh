@@ -4,8 +4,8 @@
 # Debian tools (containerd, runc, CNI plugins, buildah; once), lint and format check, type-check
 # the torch-free packages (the files are in pyproject.toml's [tool.mypy]), then the tests in two
 # steps, each with its own pytest summary: everything but tests/e2e, then tests/e2e on a real
-# node (the images built from the Dockerfile, containerd, the kubelet). Each step's time is
-# printed. Extra args go to one pytest run instead of the two steps.
+# node (containerd, the kubelet; the images it runs, built from the Dockerfile in a step of
+# their own first). Each step's time is printed. Extra args go to one pytest run instead of the two steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,5 +26,6 @@ if [ $# -gt 0 ]; then
 fi
 failed=0
 step "tests (all but tests/e2e)" .venv/bin/python -m pytest --ignore=tests/e2e || failed=1
+step "images for the real node" .venv/bin/python -m kvpilot_testing.kube.images || failed=1
 step "end-to-end tests (tests/e2e, a real node)" .venv/bin/python -m pytest tests/e2e || failed=1
 exit "$failed"

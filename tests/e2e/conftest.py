@@ -3,6 +3,7 @@ the kubelet and the scheduler, with the sandbox and workload images imported."""
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +35,13 @@ def real_node(tmp_path_factory) -> Iterator[Node]:
         node.stop()  # idempotent: the last test stops it to compare the host's state
         plane.stop()
         delete_network()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A module's first test also sets up its node and may build the images (about 10 minutes
+    on two cores the first time; scripts/test.sh builds them in a step before): more than the
+    suite's per-test timeout."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.timeout(1800))

@@ -192,7 +192,8 @@ def test_deleting_the_model_deployment_takes_its_pods_and_service(cluster):
 
 
 def test_a_model_at_zero_is_woken_by_a_request_held_in_the_gateway(cluster):
-    autoscaling = {"enabled": True, "minReplicas": 0, "maxReplicas": 1, "intervalSeconds": 2}
+    autoscaling = {"enabled": True, "minReplicas": 0, "maxReplicas": 1, "targetQueueDepth": 4}
+    autoscaling |= {"intervalSeconds": 2}
     spec = {
         "model": {"source": "builtin://smollm2-135m-instruct"},
         "engine": {"maxModelLen": 2048},
@@ -216,3 +217,38 @@ def test_a_model_at_zero_is_woken_by_a_request_held_in_the_gateway(cluster):
         if e["involvedObject"]["name"] == "sleepy" and e["reason"] == "ScaledUp"
     ]
     assert woke and "held" in woke[0]["message"], woke
+
+
+def test_the_autoscaler_adds_a_replica_under_load_and_removes_it_after(cluster, tmp_path):
+    """`kvpilot bench` through the gateway from inside the cluster: the operator's pod scrapes
+    the model's pods, sees p95 time to first token over its target, adds the second replica,
+    and removes it once the load has stopped; no request fails on the way."""
+    scaling = {"minReplicas": 1, "maxReplicas": 2, "targetLatencyP95Milliseconds": 100}
+    scaling |= {"windowSeconds": 10, "scaleDown": {"stabilizationSeconds": 10}}
+    cluster.patch(MD, "sleepy", {"spec": {"autoscaling": scaling}})
+    report = tmp_path / "bench.json"
+    bench = [str(Path(sys.executable).parent / "kvpilot"), "bench", "--url", _gateway(cluster)]
+    bench += ["--model", "sleepy", "--workload", "chat", "--rate", "3", "--duration", "40"]
+    bench += ["--seed", "1", "--no-progress", "--json-out", str(report)]
+    argv = ["nsenter", f"--net=/run/netns/{NETNS}", "--", *bench]
+    load = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(
+            "a second replica under load",
+            lambda: cluster.get(MD, "sleepy")["spec"]["replicas"] == 2 or load.poll() is not None,
+            timeout=120,
+            interval=1,
+        )
+        out, _ = load.communicate(timeout=180)
+    finally:
+        load.kill()
+    assert load.returncode == 0, out[-3000:]
+    totals = json.loads(report.read_text())["runs"][0]["totals"]
+    assert totals["sent"] > 0 and totals["ok"] + totals["cancelled"] == totals["sent"], totals
+    scaled = [
+        e["message"]
+        for e in cluster.list(EVENTS)
+        if e["involvedObject"]["name"] == "sleepy" and e["reason"] == "ScaledUp"
+    ]
+    assert any("1 -> 2" in message for message in scaled), scaled
+    _wait_replicas(cluster, "sleepy", 1, 180, "back to one replica after the load")

@@ -164,3 +164,22 @@ def static_image(
 def node_images() -> list[Path]:
     """What every test node holds: the sandbox image and the workload."""
     return [sandbox_archive(), workload_archive()]
+
+
+def build_all() -> None:
+    """Every image tests/e2e imports, built now (or found cached), with the time each took:
+    scripts/test.sh runs this as its own step, outside pytest's per-test timeout."""
+    import time
+
+    for what, build in (
+        ("sandbox and workload", node_images),
+        ("operator", lambda: project_image("operator")),
+        ("server-cpu", lambda: project_image("server-cpu")),
+    ):
+        start = time.monotonic()
+        build()
+        print(f"image {what}: {time.monotonic() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    build_all()
