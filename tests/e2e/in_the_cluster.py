@@ -25,6 +25,7 @@ def post(url: str, body: dict) -> None:
 def stream(url: str, body: dict, ready_url: str) -> None:
     chunks: list[dict] = []
     watching = threading.Event()
+    start = time.monotonic()
 
     def watch() -> None:
         watching.wait()
@@ -35,7 +36,9 @@ def stream(url: str, body: dict, ready_url: str) -> None:
             except httpx.HTTPError:
                 status = 0
             if status != 200:
-                print(json.dumps({"event": "draining", "chunks": len(chunks)}), flush=True)
+                seconds = round(time.monotonic() - start, 1)
+                draining = {"event": "draining", "chunks": len(chunks), "seconds": seconds}
+                print(json.dumps(draining), flush=True)
                 return
             time.sleep(0.2)
 
@@ -56,6 +59,7 @@ def stream(url: str, body: dict, ready_url: str) -> None:
     usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
     text = "".join(c["choices"][0].get("text", "") for c in chunks if c.get("choices"))
     end = {"event": "end", "done": done, "chunks": len(chunks), "usage": usage, "text": text}
+    end["seconds"] = round(time.monotonic() - start, 1)
     print(json.dumps(end | {"finish_reason": next((f for f in finish if f), None)}), flush=True)
 
 
