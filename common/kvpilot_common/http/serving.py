@@ -46,7 +46,9 @@ def http_config(app: "ASGIApp", args: argparse.Namespace, **overrides: Any) -> "
 def draining_server() -> ServerFactory:
     """uvicorn's Server with a drain; `admission` is anything with `draining` and `in_flight`
     (the gateway drains the same way), and optionally `on_drain()`, called on the event loop
-    when the drain starts (the gateway answers its held requests then)."""
+    when the drain starts (the gateway answers its held requests then), and
+    `on_drain_timeout()`, called when the drain timeout passes with requests still in flight
+    (the model server ends their streams with an error event then, rather than cutting them)."""
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
@@ -80,6 +82,12 @@ def draining_server() -> ServerFactory:
             deadline = time.monotonic() + self.drain_timeout
             while self.admission.in_flight > 0 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+            on_timeout = getattr(self.admission, "on_drain_timeout", None)
+            if self.admission.in_flight > 0 and on_timeout is not None:
+                on_timeout()
+                deadline = time.monotonic() + EXIT_GRACE_SECONDS  # for the last events to go out
+                while self.admission.in_flight > 0 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
             self.should_exit = True
 
     return DrainingServer

@@ -38,6 +38,7 @@ class Admission:
         request_timeout: float | None,
         stats: Callable[[], EngineStats] | None = None,
         max_num_seqs: int = 0,
+        abandon: Callable[[DrainingError], None] | None = None,
     ) -> None:
         self.max_waiting = max_waiting
         self.request_timeout = request_timeout  # a ceiling: a request may ask for less
@@ -45,6 +46,19 @@ class Admission:
         self.in_flight = 0  # engine requests admitted and not finished (one per choice)
         self.finished: deque[float] = deque(maxlen=1024)
         self.draining = False  # set on SIGTERM: /ready fails, new requests get 503
+        self.abandon = abandon  # ends every request in flight with an error
+
+    def on_drain_timeout(self) -> None:
+        """The drain's time is up with requests in flight: each stream ends with a 503 error
+        event that says why (a client, or a gateway, then knows to retry elsewhere) instead of
+        a connection cut mid-body."""
+        if self.abandon is not None:
+            self.abandon(
+                DrainingError(
+                    "The server is shutting down and its drain timeout passed before this "
+                    "request finished; retry on another replica"
+                )
+            )
 
     @contextlib.contextmanager
     def admit(self, slots: int = 1) -> Iterator[None]:

@@ -64,7 +64,11 @@ class ServerSettings:
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
     name = settings.served_model_name
     admission = Admission(
-        settings.max_waiting, settings.request_timeout, lambda: engine.stats, engine.max_num_seqs
+        settings.max_waiting,
+        settings.request_timeout,
+        lambda: engine.stats,
+        engine.max_num_seqs,
+        engine.fail_in_flight,
     )
     metrics = ServerMetrics(engine, name, admission)
     completions_api = Completions(engine, admission, metrics, name)

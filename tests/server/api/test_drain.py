@@ -38,3 +38,30 @@ def test_sigterm_drains_in_flight_streams(tiny_dir):
             proc.kill()
             proc.wait()
         proc.log.close()
+
+
+def test_a_stream_the_drain_timeout_overtakes_ends_with_an_error_event(tiny_dir):
+    """--drain-timeout 0: a stream still running at SIGTERM is not cut mid-body; it ends with a
+    503 error event in OpenAI's shape that says why, and [DONE]; the server exits 0."""
+    proc, base = start_tiny_server(
+        tiny_dir("llama"), "--max-model-len", "1024", "--drain-timeout", "0"
+    )
+    body = {"model": "tiny", "prompt": "The river", "max_tokens": 1000, "ignore_eos": True}
+    body["stream"] = True
+    try:
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=120) as stream:
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        error = json.loads(rest[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "service_unavailable", error
+        assert "drain timeout passed" in error["message"], error
+        assert len(rest) < 1000  # ended early, not run to max_tokens
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.log.close()

@@ -21,7 +21,12 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kvpilot_common.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from kvpilot_common.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    RequestFailedError,
+    UnavailableError,
+)
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.runtime.inputs import InputProcessor
 from kvpilot_server.engine.runtime.llm_engine import EngineStats, LLMEngine
@@ -166,7 +171,8 @@ class AsyncEngine:
                 item = await outputs.get()
                 if isinstance(item, BaseException):
                     raise item
-                if isinstance(item.error, InvalidRequestError):  # the request's own fault: a 400
+                # The request's own fault (a 400), or the server's going away (a 503): as is.
+                if isinstance(item.error, InvalidRequestError | UnavailableError):
                     raise item.error
                 if item.error is not None:
                     raise RequestFailedError(f"Request {request_id} failed: {item.error}")
@@ -178,6 +184,16 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._submit(lambda: self._abort(request_id))
+
+    def fail_in_flight(self, error: UnavailableError) -> None:
+        """End every request in flight with `error` (the server's drain ran out of time): each
+        stream ends with it in OpenAI's shape instead of being cut mid-body."""
+
+        def fail() -> None:
+            for output in self.engine.fail_all(error):
+                self._deliver(output)
+
+        self._submit(fail)
 
     async def _call(
         self, loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any
