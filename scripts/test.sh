@@ -18,7 +18,7 @@ step() {  # name, command...: run it, say how long it took, return its status
 }
 
 step "set-up" ./scripts/setup.sh
-step "control plane binaries" ./scripts/controlplane.sh >/dev/null
+step "control plane binaries" bash -c "./scripts/controlplane.sh >/dev/null"
 step "node tools" ./scripts/node.sh
 step "lint and types" bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy'
 if [ $# -gt 0 ]; then
