@@ -127,11 +127,9 @@ def _status(cluster: Cluster, name: str) -> dict:
 
 def _ready_replicas(cluster: Cluster, name: str, count: int) -> bool:
     """The model's status and its pods agree that exactly `count` replicas serve."""
-    status = _status(cluster, name)
-    running = [p for p in _pods(cluster, name) if not p["metadata"].get("deletionTimestamp")]
-    return status.get("readyReplicas") == count and len(_pods(cluster, name)) == count == len(
-        running
-    )
+    status, pods = _status(cluster, name), _pods(cluster, name)
+    leaving = [p for p in pods if p["metadata"].get("deletionTimestamp")]
+    return status.get("readyReplicas") == count == len(pods) and not leaving
 
 
 def _wait_replicas(cluster: Cluster, name: str, count: int, timeout: float, what: str) -> None:

@@ -79,16 +79,18 @@ def draining_server() -> ServerFactory:
             on_drain = getattr(self.admission, "on_drain", None)
             if on_drain is not None:
                 on_drain()
-            deadline = time.monotonic() + self.drain_timeout
-            while self.admission.in_flight > 0 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await self._settle(self.drain_timeout)
             on_timeout = getattr(self.admission, "on_drain_timeout", None)
             if self.admission.in_flight > 0 and on_timeout is not None:
                 on_timeout()
-                deadline = time.monotonic() + EXIT_GRACE_SECONDS  # for the last events to go out
-                while self.admission.in_flight > 0 and time.monotonic() < deadline:
-                    await asyncio.sleep(0.05)
+                await self._settle(EXIT_GRACE_SECONDS)  # for the last events to go out
             self.should_exit = True
+
+        async def _settle(self, seconds: float) -> None:
+            """Until nothing is in flight, for at most `seconds`."""
+            deadline = time.monotonic() + seconds
+            while self.admission.in_flight > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
 
     return DrainingServer
 

@@ -5,7 +5,7 @@ import signal
 
 import httpx
 
-from kvpilot_testing.live_server import start_tiny_server
+from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 
 def test_sigterm_drains_in_flight_streams(tiny_dir):
@@ -34,10 +34,7 @@ def test_sigterm_drains_in_flight_streams(tiny_dir):
         assert seen["new"].status_code == 503 and "shutting down" in seen["new"].text
         assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.log.close()
+        stop_server(proc)  # a second SIGTERM: exits at once if a failed test left it draining
 
 
 def test_a_stream_the_drain_timeout_overtakes_ends_with_an_error_event(tiny_dir):
@@ -61,7 +58,4 @@ def test_a_stream_the_drain_timeout_overtakes_ends_with_an_error_event(tiny_dir)
         assert len(rest) < 1000  # ended early, not run to max_tokens
         assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.log.close()
+        stop_server(proc)  # a second SIGTERM: exits at once if a failed test left it draining
