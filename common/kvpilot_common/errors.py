@@ -13,6 +13,11 @@ class InvalidRequestError(KvpilotError, ValueError):
         self.param = param
 
 
+class AdapterError(InvalidRequestError):
+    """A LoRA adapter cannot be loaded or used: its files, its config, or its fit to the base
+    model or to the server's limits (HTTP 400; at start, the server refuses to start)."""
+
+
 class ContextOverflowError(InvalidRequestError):
     """Prompt plus requested completion does not fit the model's context (HTTP 400)."""
 

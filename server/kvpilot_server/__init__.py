@@ -5,9 +5,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvpilot_server.llm import LLM
+    from kvpilot_server.lora_request import LoRARequest
     from kvpilot_server.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,6 +16,10 @@ def __getattr__(name: str) -> Any:
         from kvpilot_server.llm import LLM
 
         return LLM
+    if name == "LoRARequest":
+        from kvpilot_server.lora_request import LoRARequest
+
+        return LoRARequest
     if name == "SamplingParams":
         from kvpilot_server.sampling_params import SamplingParams
 

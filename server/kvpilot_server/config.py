@@ -34,6 +34,10 @@ class EngineConfig:
     # Ranks one replica spans (engine/distributed/); None: every visible GPU on CUDA, 1 on CPU.
     tensor_parallel_size: int | None = None
     task: str = "auto"
+    # LoRA adapters (engine/lora/): slots for this many at once, each of rank up to this.
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         rules = [
@@ -48,6 +52,8 @@ class EngineConfig:
                 self.tensor_parallel_size is None or self.tensor_parallel_size >= 1,
                 "tensor_parallel_size must be at least 1",
             ),
+            (self.max_loras >= 1, "max_loras must be at least 1"),
+            (self.max_lora_rank >= 1, "max_lora_rank must be at least 1"),
             (self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1"),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len must be >= 2"),
             (self.dtype in precision.DTYPES, f"unknown dtype {self.dtype!r}"),

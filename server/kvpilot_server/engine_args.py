@@ -31,6 +31,10 @@ _HELP = {
     "seed": "seed for requests that bring none",
     "tensor_parallel_size": "GPUs (CPU processes) one replica spans, one process each; must "
     "divide the attention heads (default: every visible GPU on CUDA, 1 on CPU)",
+    "enable_lora": "serve LoRA adapters (peft's format) beside the base model, each as a model "
+    "name of its own; implied by --lora-modules",
+    "max_loras": "LoRA adapters one step can mix (slots; more loaded ones wait their turn)",
+    "max_lora_rank": "the largest LoRA rank accepted (slots are sized for it)",
     "task": "generate (completions, chat) or embed (/v1/embeddings); auto: embed for a "
     "sentence-transformers checkpoint or a base model without a language-model head",
 }

@@ -8,6 +8,7 @@ from tqdm import tqdm
 from kvpilot_common.errors import StepFailedError
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.runtime.llm_engine import LLMEngine
+from kvpilot_server.lora_request import LoRARequest
 from kvpilot_server.outputs import RequestOutput
 from kvpilot_server.pooling_params import PoolingParams
 from kvpilot_server.sampling_params import SamplingParams
@@ -26,18 +27,35 @@ class LLM:
         prompts: Prompt | Seq[Prompt],
         params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Outputs in the order of the prompts. A bare token-id list counts as one prompt."""
+        """Outputs in the order of the prompts. A bare token-id list counts as one prompt.
+        `lora_request`: one adapter for all of them, or one (or None: the base) per prompt."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params or SamplingParams()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
+        adapters = (
+            [lora_request] * len(prompts)
+            if lora_request is None or isinstance(lora_request, LoRARequest)
+            else list(lora_request)
+        )
         ids = []
-        for prompt, p in zip(prompts, params, strict=True):
+        for prompt, p, adapter in zip(prompts, params, adapters, strict=True):
             ids.append(f"gen-{next(self._ids)}")
-            self.engine.add_request(ids[-1], prompt, p)
+            self.engine.add_request(ids[-1], prompt, p, lora=self._adapter(adapter))
         return self._run(ids, use_tqdm)
+
+    def _adapter(self, request: LoRARequest | None) -> str | None:
+        """The adapter's name, its files read first if the engine does not know it yet."""
+        if request is None:
+            return None
+        lora = self.engine.lora
+        if lora is None or request.lora_name not in lora.names:
+            path = request.lora_path
+            self.engine.add_adapter(self.engine.read_adapter(request.lora_name, path))
+        return request.lora_name
 
     def embed(
         self, prompts: Prompt | Seq[Prompt], params: PoolingParams | None = None

@@ -21,6 +21,9 @@ import torch.distributed as dist
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.distributed.group import join
 from kvpilot_server.engine.layers import kv_cache
+from kvpilot_server.engine.lora.adapter import LoraAdapter, load_adapter
+from kvpilot_server.engine.models.loader import load_hf_config
+from kvpilot_server.engine.models.model_config import ModelConfig
 from kvpilot_server.engine.models.model_setup import (
     build_model,
     count_blocks,
@@ -59,8 +62,20 @@ def main(argv: list[str]) -> int:
         model.cfg, dtype, device, blocks, config.block_size, config.kv_cache_dtype
     )
     max_len = config.max_model_len or model.cfg.max_position_embeddings
+    full = ModelConfig.from_hf(load_hf_config(Path(config.model)))
+
+    def read_adapter(name: str, path: str) -> LoraAdapter:
+        # Read here, in the step that installs it: rank 0 read and checked it off its loop.
+        dense = full.experts is None
+        return load_adapter(name, path, full, config.max_lora_rank, dense, tp)
+
     runner = ModelRunner(
-        model, cache, config.block_size, max_len, cpu_kernel(device, dtype, model.cfg.head_dim)
+        model,
+        cache,
+        config.block_size,
+        max_len,
+        cpu_kernel(device, dtype, model.cfg.head_dim),
+        load_adapter=read_adapter,
     )
     log.info("ready: %d KV blocks", blocks)
     while True:

@@ -54,7 +54,9 @@ def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
 
 def _linear(kernel: Any, module: nn.Module) -> Any | None:
     """The stack's copy of one decoder linear, or None when no compiled product serves it (a
-    float layer, or one off CPU float32)."""
+    float layer, or one off CPU float32). A LoRA wrapper's base serves: the stack runs only
+    steps without adapter rows (models/llama.py)."""
+    module = getattr(module, "base", module)
     if not isinstance(module, WeightOnlyLinear):
         return None
     found = module.decode_operands()

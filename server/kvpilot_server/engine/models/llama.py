@@ -8,6 +8,7 @@ each end in one all-reduce.
 """
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +135,9 @@ class LlamaForCausalLM(nn.Module):
         self.norm = self.norm_class(cfg.hidden_size, cfg.rms_norm_eps)
         self.workspace = Workspace()
         self.pools = False  # an embedding model: forward returns the final hidden states
+        # LoRA (engine/lora/layers.py): the state a step's adapter rows are set in, and the
+        # wrapped projections; None unless the engine serves adapters.
+        self.lora: tuple[Any, list] | None = None
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -177,7 +181,10 @@ class LlamaForCausalLM(nn.Module):
         logits_rows: torch.Tensor | None,  # rows whose next-token logits are needed
     ) -> torch.Tensor | None:
         x, residual = self.embed_tokens(input_ids), None
-        group = None if self.stack is None else decode_stack.decode_group(metas, len(x), kv_caches)
+        group = None
+        # The stack runs the base weights alone: a step with adapter rows takes the modules.
+        if self.stack is not None and (self.lora is None or self.lora[0].batch is None):
+            group = decode_stack.decode_group(metas, len(x), kv_caches)
         if group is not None:
             tables = group.block_ids.view(len(x), group.blocks)
             keys, values = [c.k for c in kv_caches], [c.v for c in kv_caches]

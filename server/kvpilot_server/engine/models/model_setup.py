@@ -19,6 +19,7 @@ from kvpilot_server.engine.distributed.sharding import (
 from kvpilot_server.engine.layers import half_matrices, kv_cache
 from kvpilot_server.engine.layers.lm_head_quant import quantize_lm_head
 from kvpilot_server.engine.layers.quant import quantize
+from kvpilot_server.engine.lora import layers as lora_layers
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.loader import load_model
 
@@ -40,6 +41,8 @@ def build_model(
     quantize_lm_head(model, config.lm_head_quantization, device)
     if half_matrices.applies(config.dtype, device):
         half_matrices.convert(model)
+    if config.enable_lora:  # last: the adapters wrap whatever the base projections became
+        model.lora = lora_layers.attach(model, config.max_loras, config.max_lora_rank)
     return model
 
 

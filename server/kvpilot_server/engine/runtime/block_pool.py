@@ -23,6 +23,12 @@ def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
     return hash((parent, tokens))
 
 
+def root(seq: Sequence) -> int | None:
+    """The parent of a sequence's first block: its LoRA adapter's, so that the same tokens under
+    two adapters (or an adapter and the base) never share a block, their K/V being different."""
+    return hash(("lora", seq.adapter)) if seq.adapter else None
+
+
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.block_size = block_size
@@ -58,7 +64,7 @@ class BlockPool:
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         hits: list[int] = []
-        parent = None
+        parent = root(seq)
         for start in range(0, len(seq) - 1 - self.block_size + 1, self.block_size):
             tokens = tuple(seq.token_ids[start : start + self.block_size])
             parent = chain_hash(parent, tokens)
@@ -79,7 +85,7 @@ class BlockPool:
             return
         # Runs every step for every sequence: start after the blocks keyed in earlier steps.
         start = seq.num_keyed_blocks
-        parent = self.blocks[seq.block_table[start - 1]].key if start else None
+        parent = self.blocks[seq.block_table[start - 1]].key if start else root(seq)
         for i in range(start, seq.num_computed_tokens // self.block_size):
             block = self.blocks[seq.block_table[i]]
             if block.key is None:

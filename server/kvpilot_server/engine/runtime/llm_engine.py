@@ -14,12 +14,19 @@ from dataclasses import dataclass
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from kvpilot_common.errors import InvalidRequestError, ModelLoadError, StepFailedError
+from kvpilot_common.errors import (
+    AdapterError,
+    InvalidRequestError,
+    ModelLoadError,
+    StepFailedError,
+)
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.distributed.group import SINGLE
 from kvpilot_server.engine.distributed.sharding import check
 from kvpilot_server.engine.distributed.workers import Workers, tensor_parallel_size
 from kvpilot_server.engine.layers import kv_cache
+from kvpilot_server.engine.lora.adapter import LoraAdapter, load_adapter
+from kvpilot_server.engine.lora.slots import LoraSlots
 from kvpilot_server.engine.models.loader import load_hf_config
 from kvpilot_server.engine.models.model_config import ModelConfig
 from kvpilot_server.engine.models.model_setup import (
@@ -75,7 +82,8 @@ class LLMEngine:
         size = tensor_parallel_size(config, self.device)
         # Checked before any worker starts: a size that cannot split the model is a config error.
         hf = load_hf_config(path)
-        check(ModelConfig.from_hf(hf), size)
+        self.full_cfg = ModelConfig.from_hf(hf)  # the whole model's: adapters are checked on it
+        check(self.full_cfg, size)
         self.task, self.pooling = pooling.resolve(path, config.task, hf.to_dict())
         if self.pooling is not None:  # a cached block's hidden states are never computed
             config.enable_prefix_caching = False
@@ -100,13 +108,22 @@ class LLMEngine:
             self.workers.ready = True  # they now wait for plans (or the stop)
         config.check_against_model(cfg.max_position_embeddings, num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.pool)
+        self.lora = None
+        if self.model.lora is not None:
+            self.lora = LoraSlots(self.model.lora[1], self.model.lora[0], config.max_loras)
+        self.scheduler = Scheduler(config, self.pool, self.lora)
         cache = kv_cache.allocate(
             cfg, self.dtype, self.device, num_blocks, config.block_size, config.kv_cache_dtype
         )
         kernel = cpu_kernel(self.device, self.dtype, cfg.head_dim)
         self.runner = ModelRunner(
-            self.model, cache, config.block_size, self.max_model_len, kernel, self.workers
+            self.model,
+            cache,
+            config.block_size,
+            self.max_model_len,
+            kernel,
+            self.workers,
+            self.lora,
         )
         self.sampler = Sampler(cfg.eos_token_ids, config.seed)
         self.inputs = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)
@@ -130,6 +147,7 @@ class LLMEngine:
         params: SamplingParams | PoolingParams,
         priority: Priority = Priority.INTERACTIVE,
         arrival_time: float | None = None,
+        lora: str | None = None,  # a loaded adapter's name; None: the base model
     ) -> None:
         if request_id in self.requests:
             raise InvalidRequestError(f"Request id {request_id!r} is already in use")
@@ -139,9 +157,12 @@ class LLMEngine:
                 f"This model serves {self.task} requests, not {wanted} ones"
                 + (" (/v1/embeddings)" if self.task == "embed" else "")
             )
+        if lora is not None and (self.lora is None or lora not in self.lora.names):
+            raise AdapterError(f"no LoRA adapter named {lora!r} is loaded")
         token_ids = self.inputs.encode(prompt)
         if isinstance(params, PoolingParams):
             self._add_embedding(request_id, prompt, token_ids, params, priority, arrival_time)
+            self._use_adapter(request_id, lora)
             return
         max_tokens = self.inputs.max_tokens(len(token_ids), params)
         if params.logit_bias:
@@ -170,7 +191,14 @@ class LLMEngine:
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
             matcher=grammar.matcher() if grammar is not None else None,
         )
+        self._use_adapter(request_id, lora)
         self.scheduler.add(seq)
+
+    def _use_adapter(self, request_id: str, lora: str | None) -> None:
+        """Give the request's sequence its adapter (checked last: nothing else can refuse it)."""
+        if lora is not None:
+            assert self.lora is not None
+            self.requests[request_id].seq.adapter = self.lora.use(lora)
 
     def _add_embedding(self, request_id, prompt, token_ids, params, priority, arrival_time) -> None:
         assert self.pooling is not None
@@ -190,6 +218,25 @@ class LLMEngine:
             pooler=pooling.Pooler(self.pooling, params),
         )
         self.scheduler.add(seq)
+
+    # -- LoRA adapters ------------------------------------------------------------------------
+
+    def read_adapter(self, name: str, path: str) -> LoraAdapter:
+        """Read and check an adapter's files (any thread: it touches no engine state)."""
+        if self.lora is None:
+            raise AdapterError("this server serves no LoRA adapters (start it with --enable-lora)")
+        tp = SINGLE if self.workers is None else self.workers.tp
+        dense = self.full_cfg.experts is None
+        return load_adapter(name, path, self.full_cfg, self.config.max_lora_rank, dense, tp)
+
+    def add_adapter(self, adapter: LoraAdapter) -> None:
+        assert self.lora is not None
+        self.lora.add(adapter)
+
+    def remove_adapter(self, name: str) -> None:
+        if self.lora is None:
+            raise AdapterError("this server serves no LoRA adapters (start it with --enable-lora)")
+        self.lora.remove(name)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         return self.inputs.chat(messages)
@@ -277,6 +324,8 @@ class LLMEngine:
 
     def _release(self, request: Request) -> RequestOutput:
         self.scheduler.remove(request.seq)
+        if request.seq.adapter:
+            self.lora.done(request.seq.adapter)  # type: ignore[union-attr]
         self.sampler.forget(request.seq)
         del self.requests[request.seq.request_id]
         return request.take_output()

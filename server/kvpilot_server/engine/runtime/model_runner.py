@@ -6,6 +6,7 @@ parallelism rank 0 plans and every rank executes the same plan (engine/distribut
 sends it): ranks share the block tables, each holding its own KV heads of every block.
 """
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import NoReturn, Protocol
 
@@ -18,6 +19,9 @@ from kvpilot_server.engine.layers.attention import (
     visible_keys,
 )
 from kvpilot_server.engine.layers.kv_cache import KVCache
+from kvpilot_server.engine.lora import layers as lora_layers
+from kvpilot_server.engine.lora.adapter import LoraAdapter
+from kvpilot_server.engine.lora.slots import LoraSlots
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.model_config import rope_tables
 from kvpilot_server.engine.runtime.scheduler_output import ScheduledSeq, SchedulerOutput, StepPlan
@@ -47,6 +51,8 @@ class ModelRunner:
         max_len: int,
         kernel: ModuleType | None = None,
         peers: Peers | None = None,
+        lora: LoraSlots | None = None,  # rank 0's slots, when serving adapters
+        load_adapter: Callable[[str, str], LoraAdapter] | None = None,  # another rank's
     ):
         self.model = model
         self.kv_cache = kv_cache
@@ -62,6 +68,7 @@ class ModelRunner:
         eager = model.cfg.attn_logit_softcapping is not None or model.cfg.attention_sinks
         self.kernel = None if eager else kernel
         self.peers = peers  # tensor parallelism: every plan goes to the other ranks first
+        self.lora, self.load_adapter = lora, load_adapter
 
     @torch.inference_mode()
     def run(
@@ -97,6 +104,15 @@ class ModelRunner:
         for seq, first_row, count, position in scored:
             prompt_rows.append((seq, slice(len(rows), len(rows) + count), position))
             rows.extend(range(first_row, first_row + count))
+        lora_rows, installs = None, []
+        if self.lora is not None:
+            installs = self.lora.take_installs()
+            if any(seq.adapter for seq, _ in ordered):
+                lora_rows = [
+                    self.lora.slot_of(seq.adapter) if seq.adapter else -1  # type: ignore[misc]
+                    for seq, n in ordered
+                    for _ in range(n)
+                ]
         plan = StepPlan(
             ids=ids,
             positions=positions,
@@ -106,6 +122,8 @@ class ModelRunner:
                 ScheduledSeq(seq.num_computed_tokens, n, len(seq), list(seq.block_table))
                 for seq, n in ordered
             ],
+            lora_rows=lora_rows,
+            lora_installs=installs,
         )
         if self.peers is None:
             logits = self.execute(plan, logits=True)
@@ -126,6 +144,7 @@ class ModelRunner:
         slots = torch.tensor(plan.slots, device=self.device)
         metas = {w: self._metadata(plan.seqs, slots, w) for w in self.windows}
         rows = torch.tensor(plan.rows, device=self.device, dtype=torch.long) if logits else None
+        self._set_lora(plan)
         return self.model(
             torch.tensor(plan.ids, device=self.device),
             self.cos[pos].unsqueeze(1),
@@ -134,6 +153,18 @@ class ModelRunner:
             metas,
             rows,
         )
+
+    def _set_lora(self, plan: StepPlan) -> None:
+        """Install what rank 0 installed (another rank), then tell the wrapped projections which
+        slot each row reads in this step."""
+        if self.model.lora is None:
+            return
+        state, wrapped = self.model.lora
+        if self.load_adapter is not None:
+            for slot, _, name, path in plan.lora_installs:
+                lora_layers.install(wrapped, slot, self.load_adapter(name, path))
+        rows = plan.lora_rows
+        state.batch = None if rows is None else lora_layers.LoraBatch(rows, self.device)
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + (

@@ -17,21 +17,29 @@ state, abort and preemption, nothing shared but ref-counted cached blocks. vLLM 
 one prefilled sequence into n children; that would need one engine request with n outputs, a
 copy of the partial block in the KV cache and a sampler fed from one logits row n times, for at
 most n-1 partial blocks saved. Without prefix caching nothing is shared, so nothing is held back.
+
+A sequence for a LoRA adapter runs only while its adapter holds one of the engine's slots
+(engine/lora/slots.py): it is admitted once the adapter has one, and until then waits, keeping
+its place, while sequences behind it go ahead.
 """
 
 from collections import deque
 
 from kvpilot_server.config import EngineConfig
+from kvpilot_server.engine.lora.slots import LoraSlots
 from kvpilot_server.engine.runtime.block_pool import BlockPool
 from kvpilot_server.engine.runtime.scheduler_output import SchedulerOutput
 from kvpilot_server.engine.runtime.sequence import Priority, Sequence, SequenceStatus
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, pool: BlockPool) -> None:
+    def __init__(
+        self, config: EngineConfig, pool: BlockPool, lora: LoraSlots | None = None
+    ) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.pool = pool
+        self.lora = lora
         self.waiting: dict[Priority, deque[Sequence]] = {p: deque() for p in Priority}
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -49,6 +57,7 @@ class Scheduler:
         """Take seq out of the schedule (finished or aborted) and release its blocks."""
         if seq in self.running:
             self.running.remove(seq)
+            self._unpin(seq)
         elif seq in self.waiting[seq.priority]:
             self.waiting[seq.priority].remove(seq)
         self.pool.free_seq(seq)
@@ -117,6 +126,9 @@ class Scheduler:
                     if priority is Priority.INTERACTIVE and self._evict_batch_work(batch):
                         continue
                     break
+                if seq.adapter and not self.lora.acquire(seq.adapter):  # type: ignore[union-attr]
+                    held.append(queue.popleft())  # every slot is running other adapters
+                    continue
                 queue.popleft()
                 self.pool.count_query(seq, len(hits))
                 self.pool.allocate(seq, n, hits)
@@ -135,7 +147,9 @@ class Scheduler:
             return False
         head = seq.token_ids[:end]
         return any(
-            other.num_computed_tokens < end <= len(other) and other.token_ids[:end] == head
+            other.num_computed_tokens < end <= len(other)
+            and other.adapter == seq.adapter
+            and other.token_ids[:end] == head
             for other in self.running
         )
 
@@ -146,8 +160,13 @@ class Scheduler:
         self._preempt(max(victims, key=Sequence.sort_key), batch)
         return True
 
+    def _unpin(self, seq: Sequence) -> None:
+        if seq.adapter:
+            self.lora.release(seq.adapter)  # type: ignore[union-attr]
+
     def _preempt(self, seq: Sequence, batch: dict[Sequence, int]) -> None:
         self.running.remove(seq)
+        self._unpin(seq)
         batch.pop(seq, None)
         self.pool.free_seq(seq)
         seq.status = SequenceStatus.WAITING

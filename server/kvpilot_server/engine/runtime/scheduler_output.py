@@ -45,3 +45,8 @@ class StepPlan:
     slots: list[int]
     rows: list[int]  # rows whose logits are needed
     seqs: list[ScheduledSeq]
+    # LoRA: each token row's slot (-1: the base model); None when no row uses an adapter.
+    lora_rows: list[int] | None = None
+    # (slot, adapter id, name, path) installed on rank 0 since the last plan: the other ranks
+    # install each from its path before running this one.
+    lora_installs: list[tuple[int, int, str, str]] = field(default_factory=list)

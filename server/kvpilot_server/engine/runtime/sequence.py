@@ -43,6 +43,7 @@ class Sequence:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     pooled: bool = False  # an embedding: its prompt's hidden states are pooled, nothing sampled
+    adapter: int = 0  # the LoRA adapter's id (engine/lora/slots.py); 0: the base model
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
