@@ -27,6 +27,18 @@ ENGINE_INFO = "kvpilot_engine_info"  # vllm:cache_config_info
 STRUCTURED_REQUESTS = "kvpilot_structured_requests_total"  # no vLLM counterpart
 GRAMMAR_COMPILE_TIME = "kvpilot_grammar_compile_seconds"  # no vLLM counterpart
 
+# LoRA adapters (label adapter: the adapter's name; the base model's requests are not in these).
+LORA_REQUESTS = "kvpilot_lora_requests_total"  # labels model, adapter, outcome
+LORA_PROMPT_TOKENS = "kvpilot_lora_prompt_tokens_total"
+LORA_GENERATION_TOKENS = "kvpilot_lora_generation_tokens_total"
+LORA_E2E_LATENCY = "kvpilot_lora_e2e_request_latency_seconds"
+LORA_TIME_TO_FIRST_TOKEN = "kvpilot_lora_time_to_first_token_seconds"
+# 1 per adapter a replica has loaded: what the gateway routes an adapter's requests by.
+LORA_LOADED = "kvpilot_lora_adapter_loaded"  # labels model, adapter
+# vLLM's: labels max_lora, running_lora_adapters and waiting_lora_adapters (comma-separated
+# names), its value the time of the scrape; the Inference Gateway's LoRA affinity reads it.
+VLLM_LORA_REQUESTS_INFO = "vllm:lora_requests_info"
+
 # Label values that the server writes and the dashboards, the alerts and the autoscaler select on.
 # REQUESTS' outcome is a finish reason (stop, length, abort, ...) or one of these two:
 OUTCOME_REJECTED = "rejected"  # refused before running: invalid (400) or overloaded (429)

@@ -61,6 +61,25 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
         "(hermes when the template has no tool support; docs/structured-outputs.md)",
     )
     serve.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters (peft's files) to load at start, each served as model NAME; "
+        "implies --enable-lora",
+    )
+    serve.add_argument(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="turn on POST /v1/load_lora_adapter and /v1/unload_lora_adapter (needs --lora-dir); "
+        "implies --enable-lora",
+    )
+    serve.add_argument(
+        "--lora-dir",
+        help="the directory run-time adapter loads are confined to (a relative lora_path is "
+        "taken from here)",
+    )
+    serve.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,

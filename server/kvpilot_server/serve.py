@@ -21,17 +21,21 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         keys = load_api_keys(args.api_key_file)
+        lora_modules = _lora_settings(args)
     except ConfigError as exc:
         return _cannot_start(termination.INVALID_CONFIGURATION, exc)
     from kvpilot_server.engine.runtime.async_engine import AsyncEngine
 
     try:
         config = engine_config(args)
+        config.enable_lora = config.enable_lora or bool(lora_modules) or args.lora_dir is not None
         engine = AsyncEngine.from_config(config).start()
     except KvpilotError as exc:
         return _cannot_start(termination.MODEL_LOAD_FAILED, exc)
     try:
-        return _serve(args, engine, config.model, keys)
+        return _serve(args, engine, config.model, keys, lora_modules)
+    except KvpilotError as exc:  # an adapter of --lora-modules that cannot be served
+        return _cannot_start(termination.MODEL_LOAD_FAILED, exc)
     except Exception as exc:  # e.g. the port is taken: the pod must say why, not just exit
         log.exception("server failed")
         return _cannot_start(termination.STARTUP_FAILED, exc)
@@ -39,7 +43,25 @@ def run_serve(args: argparse.Namespace) -> int:
         engine.shutdown()
 
 
-def _serve(args: argparse.Namespace, engine, model: str, keys: list[str]) -> int:
+def _lora_settings(args: argparse.Namespace) -> dict[str, str]:
+    """--lora-modules as {name: path}, after checking the run-time flags go together."""
+    from kvpilot_common.errors import ConfigError
+    from kvpilot_server.api.adapters import parse_modules
+
+    if args.allow_runtime_lora_updating != (args.lora_dir is not None):
+        raise ConfigError("--allow-runtime-lora-updating and --lora-dir go together")
+    try:
+        return parse_modules(args.lora_modules)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _serve(
+    args: argparse.Namespace, engine, model: str, keys: list[str], lora_modules: dict[str, str]
+) -> int:
+    import asyncio
+    from pathlib import Path
+
     from kvpilot_server.api.app import ServerSettings, build_app
 
     settings = ServerSettings(
@@ -50,8 +72,12 @@ def _serve(args: argparse.Namespace, engine, model: str, keys: list[str]) -> int
         context_overflow=args.context_overflow,
         body_timeout=args.body_timeout,
         tool_call_parser=args.tool_call_parser,
+        lora_dir=Path(args.lora_dir) if args.lora_dir is not None else None,
     )
     app = build_app(engine, settings)
+    for name, path in lora_modules.items():
+        asyncio.run(app.state.adapters.add(name, path))
+        log.info("LoRA adapter %s loaded from %s", name, path)
     config = http_config(app, args)
     server = draining_server()(config, app.state.admission, args.drain_timeout)
     try:

@@ -6,6 +6,7 @@ threads, and every route answers errors in OpenAI's shape. The event loop only m
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -16,10 +17,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kvpilot_common.errors import InvalidRequestError, KvpilotError, ModelNotFoundError
+from kvpilot_common.errors import InvalidRequestError, KvpilotError
 from kvpilot_common.http.auth import ApiKeyMiddleware
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
+from kvpilot_server.api.adapters import Adapters
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.assistant import chat_shape, chat_template
 from kvpilot_server.api.completions import CLIENT_CLOSED, Completions
@@ -59,6 +61,8 @@ class ServerSettings:
     context_overflow: ContextOverflow = "reject"
     body_timeout: float | None = 30.0  # seconds without body data before a 408
     tool_call_parser: str = "auto"  # a tools.FORMATS name, or auto: from the chat template
+    # The directory run-time adapter loads are confined to; None: the load routes are off.
+    lora_dir: Path | None = None
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
@@ -75,12 +79,12 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
     embeddings_api = Embeddings(engine, admission, metrics, name)
     inputs = engine.inputs
     template = chat_template(inputs.tokenizer.chat_template, settings.tool_call_parser)
+    adapters = Adapters(engine, name, settings.body_timeout, settings.lora_dir)
 
     async def parse(request: Request, model: type[M]) -> M:
         body = await read_body(request, settings.body_timeout)
         parsed = await engine.process(model.model_validate_json, body)
-        if parsed.model not in (None, name):  # type: ignore[attr-defined]
-            raise ModelNotFoundError(f"The model {parsed.model!r} does not exist")  # type: ignore[attr-defined]
+        adapters.resolve(parsed.model)  # type: ignore[attr-defined] - 404 for an unknown one
         return parsed
 
     def generating() -> None:
@@ -111,8 +115,9 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
             (reasoning.start, reasoning.end) if reasoning is not None else None,
             shape.opened,
         )
+        lora = adapters.resolve(parsed.model)
         return await completions_api.serve(
-            request, parsed, prompt, chat=True, headers=headers, shape=shape
+            request, parsed, prompt, chat=True, headers=headers, shape=shape, lora=lora
         )
 
     async def completions(request: Request) -> Response:
@@ -120,10 +125,16 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         generating()
         headers = ignored_header(check_extras(parsed, REFUSED_COMPLETIONS))
         prompt = await engine.process(text_prompt, inputs, parsed.prompt, parsed.max_tokens)
-        return await completions_api.serve(request, parsed, prompt, chat=False, headers=headers)
+        lora = adapters.resolve(parsed.model)
+        return await completions_api.serve(
+            request, parsed, prompt, chat=False, headers=headers, lora=lora
+        )
 
     async def embeddings(request: Request) -> Response:
-        return await embeddings_api.serve(request, await parse(request, EmbeddingRequest))
+        parsed = await parse(request, EmbeddingRequest)
+        if adapters.resolve(parsed.model) is not None:
+            raise InvalidRequestError("LoRA adapters serve generation, not embeddings", "model")
+        return await embeddings_api.serve(request, parsed)
 
     def tokenized(parsed: TokenizeRequest) -> JSONResponse:
         """On a worker thread: a long prompt's JSON answer is large to render too."""
@@ -145,7 +156,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
     async def models(_: Request) -> Response:
         card = {"id": name, "object": "model", "created": 0, "owned_by": "kvpilot"}
         card["task"] = engine.task  # generate or embed: which routes the model serves
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [card, *adapters.cards(0)]})
 
     document = openapi_document(name)
 
@@ -196,6 +207,8 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/load_lora_adapter", adapters.load, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", adapters.unload, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
             Route("/metrics", scrape, methods=["GET"]),
@@ -205,6 +218,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         ],
     )
     app.state.admission = admission  # the server's drain waits for it to empty
+    app.state.adapters = adapters  # `kvpilot serve` adds --lora-modules through it
     return app
 
 

@@ -51,10 +51,11 @@ class Completions:
         chat: bool,
         headers: dict[str, str] | None = None,
         shape: ChatShape | None = None,
+        lora: str | None = None,  # the LoRA adapter the request names (api/adapters.py)
     ) -> Response:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         outputs: list[RequestOutput | None] = [None] * parsed.n
-        done = Accounting(request_id, outputs, self.metrics)
+        done = Accounting(request_id, outputs, self.metrics, lora)
         # Whatever happens from here on, the request's slots and engine requests are given
         # back when the HTTP exchange ends: they are tied to the request's exit stack.
         resources = exit_stack(request)
@@ -72,6 +73,7 @@ class Completions:
                     choice,
                     request_id if parsed.n == 1 else f"{request_id}-{i}",
                     parsed.scheduling_class(),
+                    lora,
                 )
                 for i, choice in enumerate(params)
             ]
@@ -86,7 +88,7 @@ class Completions:
             return response
         if shape is not None:
             shape = dataclasses.replace(shape, request_id=request_id)
-        envelope = responses.Envelope(request_id, self.model, chat, shape)
+        envelope = responses.Envelope(request_id, lora or self.model, chat, shape)
         to_logprobs = responses.chat_logprobs if chat else responses.completion_logprobs
         wants_logprobs = params[0].logprobs is not None
 
@@ -141,16 +143,21 @@ class Accounting:
     """Metrics per choice (each is an engine request) and one access-log line per request."""
 
     def __init__(
-        self, request_id: str, outputs: list[RequestOutput | None], metrics: ServerMetrics
+        self,
+        request_id: str,
+        outputs: list[RequestOutput | None],
+        metrics: ServerMetrics,
+        adapter: str | None = None,
     ) -> None:
         self.request_id, self.outputs, self.metrics = request_id, outputs, metrics
+        self.adapter = adapter
 
     def __call__(self, status: int, outcome: str | None) -> None:
         """outcome None: the request completed and each choice counts its own finish reason."""
         reasons = []
         for output in self.outputs:
             reason = outcome or (output and output.outputs[0].finish_reason) or names.OUTCOME_ERROR
-            self.metrics.observe_finished(output, reason)
+            self.metrics.observe_finished(output, reason, self.adapter)
             reasons.append(reason)
         log_request(self.request_id, status, self.outputs, ",".join(sorted(set(reasons))))
 

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kvpilot_common import metric_names as names
+from kvpilot_server.api.adapter_metrics import AdapterMetrics, collect_loaded
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.engine.runtime.async_engine import AsyncEngine
 from kvpilot_server.engine.runtime.llm_engine import EngineStats
@@ -65,6 +66,8 @@ class EngineCollector:
         )
         yield info
         yield from self._vllm(stats)
+        if cfg.enable_lora:
+            yield from collect_loaded(self.model, stats, cfg.max_loras)
 
     def _vllm(self, stats: EngineStats) -> Iterator[Metric]:
         """The endpoint picker and KEDA's vLLM recipes read only vLLM's names. Always on, not
@@ -136,14 +139,20 @@ class ServerMetrics:
         self.grammar_compile = histogram(
             names.GRAMMAR_COMPILE_TIME, "Time a request waited for its grammar (0 if cached)"
         )
+        self.adapters = AdapterMetrics(self.registry, model)
 
     def observe_grammar(self, kind: str, seconds: float) -> None:
         self.structured.labels(self.model, kind).inc()
         self.grammar_compile.labels(self.model).observe(seconds)
 
-    def observe_finished(self, output: RequestOutput | None, outcome: str) -> None:
-        """Record one finished request (output None: it failed before producing any)."""
+    def observe_finished(
+        self, output: RequestOutput | None, outcome: str, adapter: str | None = None
+    ) -> None:
+        """Record one finished request (output None: it failed before producing any); one for
+        a LoRA adapter is also counted under its name."""
         self.requests.labels(self.model, outcome).inc()
+        if adapter is not None:
+            self.adapters.observe(adapter, output, outcome)
         if output is None:
             return
         m, usage = output.metrics, output.usage

@@ -153,6 +153,7 @@ class AsyncEngine:
         params: SamplingParams | PoolingParams,
         request_id: str | None = None,
         priority: Priority = Priority.INTERACTIVE,
+        lora: str | None = None,  # a loaded adapter's name
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come; raises bad-input errors before the first one."""
         if not self.alive:
@@ -161,7 +162,9 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         try:
-            await self._call(loop, self._add, request_id, prompt, params, priority, loop, outputs)
+            await self._call(
+                loop, self._add, request_id, prompt, params, priority, lora, loop, outputs
+            )
         except asyncio.CancelledError:
             self.abort(request_id)  # the add may already have happened
             raise
@@ -181,6 +184,23 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Read and check a LoRA adapter on a worker thread, then add it on the engine's."""
+        adapter = await self.process(self.engine.read_adapter, name, path)
+        await self._call(
+            asyncio.get_running_loop(), self._changed, self.engine.add_adapter, adapter
+        )
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._call(
+            asyncio.get_running_loop(), self._changed, self.engine.remove_adapter, name
+        )
+
+    def _changed(self, change: Callable[[Any], None], arg: Any) -> None:
+        """Apply a change of the adapters and publish the stats that list them at once."""
+        change(arg)
+        self.stats = self.engine.stats()
 
     def abort(self, request_id: str) -> None:
         self._submit(lambda: self._abort(request_id))
@@ -234,8 +254,8 @@ class AsyncEngine:
         finally:
             self.engine.close()  # tensor-parallel workers: stopped from the thread that steps
 
-    def _add(self, request_id, prompt, params, priority, loop, outputs) -> None:
-        self.engine.add_request(request_id, prompt, params, priority)
+    def _add(self, request_id, prompt, params, priority, lora, loop, outputs) -> None:
+        self.engine.add_request(request_id, prompt, params, priority, lora=lora)
         self._streams[request_id] = (loop, outputs)
 
     def _abort(self, request_id: str) -> None:

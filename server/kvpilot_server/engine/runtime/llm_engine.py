@@ -71,6 +71,10 @@ class EngineStats:
     prefix_cache_hits: int
     # Prompt tokens the model computed: cache hits excluded, recomputation after preemption in.
     num_prefill_tokens: int = 0
+    # LoRA: the adapters loaded, and those with sequences running or waiting (names, sorted).
+    adapters: tuple[str, ...] = ()
+    adapters_running: tuple[str, ...] = ()
+    adapters_waiting: tuple[str, ...] = ()
 
 
 class LLMEngine:
@@ -342,7 +346,23 @@ class LLMEngine:
             prefix_cache_queries=self.pool.num_queries,
             prefix_cache_hits=self.pool.num_hits,
             num_prefill_tokens=self.scheduler.num_prefill_tokens,
+            **self._adapter_stats(),
         )
+
+    def _adapter_stats(self) -> dict[str, tuple[str, ...]]:
+        if self.lora is None:
+            return {}
+        adapters = self.lora.adapters
+
+        def names(seqs) -> tuple[str, ...]:
+            return tuple(sorted({adapters[s.adapter].name for s in seqs if s.adapter}))
+
+        waiting = [s for queue in self.scheduler.waiting.values() for s in queue]
+        return {
+            "adapters": tuple(self.lora.known()),
+            "adapters_running": names(self.scheduler.running),
+            "adapters_waiting": names(waiting),
+        }
 
 
 def _tokenizer(path) -> PreTrainedTokenizerBase:
