@@ -89,7 +89,8 @@ class Adapters:
         """Read, check and add an adapter (at start, and by the load route)."""
         if name == self.base or NAME.fullmatch(name) is None:
             raise AdapterError(
-                f"{name!r} cannot name an adapter: it must differ from the base model's name and match {NAME.pattern}"
+                f"{name!r} cannot name an adapter: it must differ from the base model's "
+                f"name and match {NAME.pattern}"
             )
         await self.engine.load_adapter(name, path)
         self.paths[name] = path
