@@ -5,7 +5,7 @@ from typing import Any
 
 from lightkube import ApiError, Client
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Service
+from lightkube.resources.core_v1 import ConfigMap, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
@@ -16,6 +16,7 @@ KINDS: dict[str, Any] = {
     "Deployment": Deployment,
     "Service": Service,
     "PodDisruptionBudget": PodDisruptionBudget,
+    "ConfigMap": ConfigMap,
 }
 FIELD_MANAGER = "kvpilot-operator"
 RESOURCE = (GROUP, VERSION, PLURAL)  # what the kopf handlers watch

@@ -1,6 +1,6 @@
 """The pod's file layout and the `kvpilot serve` flags a ModelDeployment's spec turns into."""
 
-from kvpilot_common import precision
+from kvpilot_common import adapter_list, precision
 from kvpilot_common.naming import PORT
 from kvpilot_operator.memory_plan import (
     DTYPES,
@@ -15,6 +15,8 @@ from kvpilot_operator.spec import Spec
 CACHE_DIR = "/var/cache/kvpilot"  # model cache volume: downloads and converted models
 PVC_DIR = "/models"  # where a pvc:// claim is mounted
 KEYS_DIR = "/etc/kvpilot/keys"
+ADAPTER_LIST_DIR = "/etc/kvpilot/adapters"  # spec.adapters' list, a ConfigMap (adapters.py)
+ADAPTER_CLAIMS_DIR = "/adapters"  # pvc:// adapters' claims, each at /adapters/<claim>
 
 
 def model_path(source: str) -> str:
@@ -67,6 +69,10 @@ def engine_args(spec: Spec, name: str) -> list[str]:
     lm_head = LM_HEAD_QUANTIZATIONS[engine.lm_head_quantization].name
     if lm_head != precision.DEFAULT_LM_HEAD_QUANTIZATION:
         args["--lm-head-quantization"] = lm_head
+    if spec.adapters:  # the server follows the list as it changes (adapters.py)
+        args["--lora-config"] = f"{ADAPTER_LIST_DIR}/{adapter_list.FILE_NAME}"
+        args["--max-loras"] = str(engine.max_loras)
+        args["--max-lora-rank"] = str(engine.max_lora_rank)
     if spec.api_key_secret_ref:
         args["--api-key-file"] = f"{KEYS_DIR}/{spec.api_key_secret_ref.key}"
     # One word per flag, --flag=value: argparse reads `--served-model-name -x` as two flags and

@@ -64,6 +64,13 @@ NAMESPACED = (
         "", "services", ("create", "patch"), "Cluster.apply: the model Service (as Deployments)"
     ),
     Permission(
+        "",
+        "configmaps",
+        ("create", "patch", "delete"),
+        "Cluster.apply: the adapter list of a model with spec.adapters (adapters.py); deleted "
+        "when the list is emptied",
+    ),
+    Permission(
         "policy",
         "poddisruptionbudgets",
         ("create", "patch", "delete"),

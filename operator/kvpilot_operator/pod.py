@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvpilot_common.naming import PORT, PORT_NAME
+from kvpilot_operator import adapters
 from kvpilot_operator.engine_flags import (
     CACHE_DIR,
     KEYS_DIR,
@@ -31,7 +32,7 @@ def pod_spec(spec: Spec, image: str, name: str, pull_secrets: Sequence[str] = ()
     grace = PRESTOP_SLEEP_SECONDS + spec.probes.drain_timeout_seconds + 10
     pod: dict[str, Any] = {
         "containers": [server_container(spec, image, name)],
-        "volumes": volumes(spec),
+        "volumes": volumes(spec) + adapters.volumes(spec, name),
         "terminationGracePeriodSeconds": grace,
         "securityContext": {
             "runAsNonRoot": True,
@@ -109,7 +110,7 @@ def server_container(spec: Spec, image: str, name: str) -> Object:
         # The server writes why it could not start here; logs are the fallback.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": _hardened(),
-        "volumeMounts": mounts(spec),
+        "volumeMounts": mounts(spec) + adapters.mounts(spec),
     }
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpilot_common.naming import PORT, labels, selector_labels
+from kvpilot_operator import adapters
 from kvpilot_operator.pod import Object, pod_spec
 from kvpilot_operator.spec import Spec
 
@@ -46,9 +47,16 @@ def render(
         deployment(meta, spec, spec.image or image, replicas, pull_secrets),
         service(meta, spec),
     ]
+    removals = []
+    if spec.adapters:  # after the Deployment: its pods wait for the ConfigMap they mount
+        objects.append(adapters.config_map(meta, spec))
+    else:
+        removals.append(Removal("ConfigMap", adapters.config_map_name(name), namespace))
     if replicas > 1:
-        return Plan((*objects, pod_disruption_budget(meta)))
-    return Plan(tuple(objects), (Removal("PodDisruptionBudget", name, namespace),))
+        objects.append(pod_disruption_budget(meta))
+    else:
+        removals.append(Removal("PodDisruptionBudget", name, namespace))
+    return Plan(tuple(objects), tuple(removals))
 
 
 def pod_disruption_budget(meta: dict) -> Object:

@@ -57,6 +57,8 @@ class EngineSpec:
     kv_cache_memory_percent: int
     enable_prefix_caching: bool
     max_waiting_requests: int
+    max_loras: int
+    max_lora_rank: int
     max_model_len: int | None = None  # None: the model's own limit
     tensor_parallel_size: int | None = None  # None: Spec.tensor_parallel_size decides
 
@@ -74,6 +76,8 @@ class EngineSpec:
             kv_cache_memory_percent=engine["kvCacheMemoryPercent"],
             enable_prefix_caching=engine["enablePrefixCaching"],
             max_waiting_requests=engine["maxWaitingRequests"],
+            max_loras=engine["maxLoras"],
+            max_lora_rank=engine["maxLoraRank"],
             max_model_len=engine.get("maxModelLen"),
             tensor_parallel_size=engine.get("tensorParallelSize"),
         )
@@ -181,6 +185,19 @@ class Probes:
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """One of spec.adapters: a LoRA adapter served as model `name`."""
+
+    name: str
+    source: str
+    revision: str
+
+    @classmethod
+    def of(cls, adapter: Mapping[str, Any]) -> "Adapter":
+        return cls(adapter["name"], adapter["source"], adapter.get("revision", "main"))
+
+
+@dataclass(frozen=True)
 class Spec:
     model: ModelSpec
     engine: EngineSpec
@@ -192,6 +209,7 @@ class Spec:
     probes: Probes
     api_key_secret_ref: SecretKeyRef | None = None  # spec.auth.apiKeySecretRef
     image: str | None = None  # None: the operator's own
+    adapters: tuple[Adapter, ...] = ()
 
     @classmethod
     def from_defaulted(cls, md: Mapping[str, Any]) -> "Spec":
@@ -209,6 +227,7 @@ class Spec:
             probes=Probes(probes["startupTimeoutSeconds"], probes["drainTimeoutSeconds"]),
             api_key_secret_ref=SecretKeyRef.of((spec.get("auth") or {}).get("apiKeySecretRef")),
             image=spec.get("image") or None,  # an empty string names no image either
+            adapters=tuple(Adapter.of(a) for a in spec.get("adapters") or ()),
         )
 
     @property

@@ -69,6 +69,12 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
         "implies --enable-lora",
     )
     serve.add_argument(
+        "--lora-config",
+        metavar="FILE",
+        help="a JSON list of adapters [{name, source, path, revision}] to serve, followed as "
+        "it changes (what the operator mounts for spec.adapters); implies --enable-lora",
+    )
+    serve.add_argument(
         "--allow-runtime-lora-updating",
         action="store_true",
         help="turn on POST /v1/load_lora_adapter and /v1/unload_lora_adapter (needs --lora-dir); "

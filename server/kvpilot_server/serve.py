@@ -28,7 +28,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         config = engine_config(args)
-        config.enable_lora = config.enable_lora or bool(lora_modules) or args.lora_dir is not None
+        lora = bool(lora_modules) or args.lora_dir is not None or args.lora_config is not None
+        config.enable_lora = config.enable_lora or lora
         engine = AsyncEngine.from_config(config).start()
     except KvpilotError as exc:
         return _cannot_start(termination.MODEL_LOAD_FAILED, exc)
@@ -73,11 +74,14 @@ def _serve(
         body_timeout=args.body_timeout,
         tool_call_parser=args.tool_call_parser,
         lora_dir=Path(args.lora_dir) if args.lora_dir is not None else None,
+        lora_config=Path(args.lora_config) if args.lora_config is not None else None,
     )
     app = build_app(engine, settings)
     for name, path in lora_modules.items():
         asyncio.run(app.state.adapters.add(name, path))
         log.info("LoRA adapter %s loaded from %s", name, path)
+    if app.state.adapter_sync is not None:  # what the list names, before the pod is Ready
+        asyncio.run(app.state.adapter_sync.once())
     config = http_config(app, args)
     server = draining_server()(config, app.state.admission, args.drain_timeout)
     try:

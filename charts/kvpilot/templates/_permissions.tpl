@@ -25,6 +25,10 @@ operator/kvpilot_operator/permissions.py: edit that file, then run the script. *
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["create", "patch"]
+# Cluster.apply: the adapter list of a model with spec.adapters (adapters.py); deleted when the list is emptied
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["create", "patch", "delete"]
 # Cluster.apply above one replica; deleted again at one replica
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]

@@ -95,6 +95,10 @@ class Adapters:
         await self.engine.load_adapter(name, path)
         self.paths[name] = path
 
+    async def remove(self, name: str) -> None:
+        await self.engine.unload_adapter(name)
+        self.paths.pop(name, None)
+
     async def load(self, request: Request) -> Response:
         refused = self._refused()
         if refused is not None:
@@ -113,8 +117,7 @@ class Adapters:
         parsed = await self.engine.process(UnloadAdapter.model_validate_json, body)
         if parsed.lora_name not in self.engine.stats.adapters:
             raise ModelNotFoundError(f"No adapter named {parsed.lora_name!r} is loaded")
-        await self.engine.unload_adapter(parsed.lora_name)
-        self.paths.pop(parsed.lora_name, None)
+        await self.remove(parsed.lora_name)
         return JSONResponse({"status": "unloaded", "id": parsed.lora_name})
 
     def _refused(self) -> Response | None:

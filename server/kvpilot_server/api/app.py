@@ -4,7 +4,9 @@ Every body is read under a size limit and a read timeout, parsed and tokenized o
 threads, and every route answers errors in OpenAI's shape. The event loop only moves bytes.
 """
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -21,6 +23,7 @@ from kvpilot_common.errors import InvalidRequestError, KvpilotError
 from kvpilot_common.http.auth import ApiKeyMiddleware
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
+from kvpilot_server.api.adapter_sync import AdapterSync
 from kvpilot_server.api.adapters import Adapters
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.assistant import chat_shape, chat_template
@@ -63,6 +66,8 @@ class ServerSettings:
     tool_call_parser: str = "auto"  # a tools.FORMATS name, or auto: from the chat template
     # The directory run-time adapter loads are confined to; None: the load routes are off.
     lora_dir: Path | None = None
+    # A list of adapters to follow (api/adapter_sync.py); None: none.
+    lora_config: Path | None = None
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
@@ -80,6 +85,15 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
     inputs = engine.inputs
     template = chat_template(inputs.tokenizer.chat_template, settings.tool_call_parser)
     adapters = Adapters(engine, name, settings.body_timeout, settings.lora_dir)
+    sync = AdapterSync(adapters, settings.lora_config) if settings.lora_config else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        if sync is None:
+            yield
+            return
+        async with sync.running():
+            yield
 
     async def parse(request: Request, model: type[M]) -> M:
         body = await read_body(request, settings.body_timeout)
@@ -191,6 +205,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         return error_response(500, "Internal server error")
 
     app = Starlette(
+        lifespan=lifespan,
         # RequestScope inside the key check: a refused request holds nothing to release.
         middleware=[
             Middleware(ApiKeyMiddleware, keys=settings.api_keys or []),
@@ -219,6 +234,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
     )
     app.state.admission = admission  # the server's drain waits for it to empty
     app.state.adapters = adapters  # `kvpilot serve` adds --lora-modules through it
+    app.state.adapter_sync = sync  # and reads the list once before it listens
     return app
 
 

@@ -7,6 +7,8 @@ import functools
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -17,6 +19,8 @@ from transformers import AutoTokenizer
 from kvpilot_testing.hf_reference import hf_greedy_of
 from kvpilot_testing.live_server import start_server, stop_server
 from kvpilot_testing.lora import AdapterSpec, build_adapter, merged_model
+
+from kvpilot_common import adapter_list
 from tests.server.api.in_process import serve_in_process
 
 PROMPT = "The capital of France is"
@@ -36,12 +40,20 @@ def lora_root(tmp_path_factory, tiny_dir):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir, lora_root):
+def lora_list(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("lora-list") / "adapters.json"
+    path.write_text("[]")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, lora_root, lora_list):
     proc, base = start_server(
         "--model", str(tiny_dir("llama")), "--served-model-name", "tiny",
         "--kv-cache-bytes", "16MiB", "--max-model-len", "256",
         "--lora-modules", f"attn={lora_root / 'attn'}",
         "--allow-runtime-lora-updating", "--lora-dir", str(lora_root),
+        "--lora-config", str(lora_list),
     )  # fmt: skip
     yield base
     stop_server(proc)
@@ -163,3 +175,26 @@ def test_a_server_whose_start_adapter_cannot_load_says_so_and_exits(tiny_dir, tm
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
     assert "adapter_config.json" in done.stdout + done.stderr
+
+
+def _models_become(client, wanted: set[str], timeout: float = 30.0) -> set[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {m.id for m in client.models.list().data}
+        if found == wanted or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def test_the_adapter_list_file_is_followed_as_it_changes(client, lora_root, lora_list, tiny_dir):
+    """What the operator's ConfigMap does to a running pod: entries added are loaded, removed
+    ones unloaded, a broken one reported and skipped while the others serve."""
+    entry = adapter_list.Entry("listed", "pvc://claim/mlp", str(lora_root / "mlp"))
+    broken = adapter_list.Entry("broken", "pvc://claim/none", str(lora_root / "none"))
+    lora_list.write_text(adapter_list.encode([entry, broken]))
+    assert _models_become(client, {"tiny", "attn", "listed"}) == {"tiny", "attn", "listed"}
+    assert _complete(client, "listed").choices[0].text == _oracle(
+        tiny_dir("llama"), lora_root / "mlp"
+    )
+    lora_list.write_text(adapter_list.encode([]))
+    assert _models_become(client, {"tiny", "attn"}) == {"tiny", "attn"}  # attn is not the list's
