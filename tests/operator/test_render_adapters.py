@@ -37,7 +37,8 @@ def test_the_adapter_list_is_a_configmap_the_server_follows(monkeypatch):
     assert objects["ConfigMap"]["metadata"]["name"] == "smollm2-tuned-adapters"
     assert listed == [
         adapter_list.Entry(
-            "support-tone", "pvc://adapters/smollm2/support-tone", "/adapters/adapters/smollm2/support-tone"
+            "support-tone", "pvc://adapters/smollm2/support-tone",
+            "/adapters/adapters/smollm2/support-tone",
         ),
         adapter_list.Entry(
             "sql-helper", "hf://example-org/smollm2-sql-lora",

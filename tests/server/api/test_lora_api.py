@@ -16,11 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
+from kvpilot_common import adapter_list
 from kvpilot_testing.hf_reference import hf_greedy_of
 from kvpilot_testing.live_server import start_server, stop_server
 from kvpilot_testing.lora import AdapterSpec, build_adapter, merged_model
-
-from kvpilot_common import adapter_list
 from tests.server.api.in_process import serve_in_process
 
 PROMPT = "The capital of France is"
