@@ -225,6 +225,21 @@ def weight_bytes(
     return int(linear * per_weight) // tensor_parallel_size + embeddings
 
 
+def lora_slot_bytes(shape: ModelShape, slots: int, max_rank: int, dtype: str) -> int:
+    """What the engine's LoRA slots hold (engine/lora/layers.py): for every decoder projection,
+    `slots` stacks of A [parts * rank, in] and B [parts * rank, out], in the model's dtype. The
+    MLP's width is not in the shape; a dense layer's parameters give it (q, k, v and o, then
+    three MLP matrices of hidden x width). A mixture of experts' MLP carries no adapters."""
+    hidden, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    attention = 3 * (hidden + q + 2 * kv) + (q + hidden)  # parts * (in + out), over rank
+    mlp = 0
+    if shape.experts is None:
+        per_layer = (shape.params - shape.embedding_params) // shape.layers
+        width = max(0, per_layer - hidden * (2 * q + 2 * kv)) // (3 * hidden)
+        mlp = 2 * (hidden + 2 * width) + (width + hidden)
+    return slots * max_rank * shape.layers * (attention + mlp) * _dtype_bytes(dtype)
+
+
 def kv_bytes_per_token(
     shape: ModelShape,
     dtype: str,
@@ -256,11 +271,12 @@ def plan(
     group_size: int = precision.INT4_DEFAULT_GROUP_SIZE,
     lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION,
     tensor_parallel_size: int = 1,
+    adapter_bytes: int = 0,  # LoRA slots (lora_slot_bytes), counted whole on every GPU
 ) -> Plan:
     """memory_bytes and headroom_bytes are one GPU's; the model spans tensor_parallel_size."""
     size = tensor_parallel_size
     weights = weight_bytes(shape, dtype, quantization, group_size, lm_head_quantization, size)
-    free = memory_bytes - weights - headroom_bytes
+    free = memory_bytes - weights - headroom_bytes - adapter_bytes
     return Plan(
         weight_bytes=weights,
         kv_bytes_per_token=kv_bytes_per_token(shape, dtype, kv_cache_dtype, size),

@@ -33,11 +33,6 @@ SCRAPE_TIMEOUT_S = 2.0
 DECISIONS_KEPT = 10
 
 
-def _ready(pod: dict) -> bool:
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 async def _scrape(client: httpx.AsyncClient, pods: list[dict]) -> dict[str, str | None]:
     async def one(pod: dict) -> str | None:
         try:
@@ -93,7 +88,7 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
     meta, spec = md["metadata"], Spec.from_defaulted(md)
     name, namespace, scaling = meta["name"], meta["namespace"], spec.autoscaling
     pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    ready = [p for p in pods if _ready(p)]
+    ready = [p for p in pods if children.ready(p)]
     now = time.time()
     texts = await _scrape(client, ready)
     for pod, text in texts.items():

@@ -95,3 +95,9 @@ async def sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float
     finally:
         for task in waits:
             task.cancel()
+
+
+def ready(pod: dict) -> bool:
+    """The pod's Ready condition is True: the autoscaler and the adapter report read only these."""
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)

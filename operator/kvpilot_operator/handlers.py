@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 from lightkube import ApiError
 
-from kvpilot_operator import children, crd, credentials, metrics, rejection
+from kvpilot_operator import children, crd, credentials, metrics, rejection, replica_adapters
 from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster, namespaced
 from kvpilot_operator.fit import check
 from kvpilot_operator.render import Plan, render
@@ -138,8 +138,12 @@ async def keep_status(
             wake.clear()
             deployment = children.deployment(owned_deployments, namespace, name)
             pods = children.pods(owned_pods, namespace, name)
-            written = await asyncio.to_thread(report, body, deployment, pods, written)
-            await children.sleep(wake, stopped, RESYNC_SECONDS)
+            spec = Spec.from_defaulted(crd.defaulted(body))
+            adapters = await replica_adapters.loaded(pods) if spec.adapters else None
+            written = await asyncio.to_thread(report, body, deployment, pods, written, adapters)
+            settled = adapters is None or replica_adapters.converged(spec, adapters)
+            timeout = RESYNC_SECONDS if settled else replica_adapters.CONVERGING_SECONDS
+            await children.sleep(wake, stopped, timeout)
             await asyncio.sleep(SETTLE_SECONDS)
     finally:
         if stopped:
@@ -156,13 +160,21 @@ def forget(name: str, namespace: str | None, **_: Any) -> None:
     metrics.forget(namespaced(namespace), name)
 
 
-def report(body: kopf.Body, deployment: dict | None, pods: list[dict], written: dict) -> dict:
-    """Status from the children as they are now: write what changed, an Event per condition
-    change. Returns what is written now (`written` plus this write)."""
+def report(
+    body: kopf.Body,
+    deployment: dict | None,
+    pods: list[dict],
+    written: dict,
+    adapters: list[dict] | None = None,
+) -> dict:
+    """Status from the children as they are now (and `adapters`, what the ready replicas say
+    they have loaded: replica_adapters.py): write what changed, an Event per condition change.
+    Returns what is written now (`written` plus this write)."""
     md = crd.defaulted(body)
     name, namespace = md["metadata"]["name"], md["metadata"]["namespace"]
     spec = Spec.from_defaulted(md)
     new = status(md, spec, deployment, pods, check(spec), timestamp())
+    new["loadedAdapters"] = adapters  # None (no spec.adapters) removes a stale list
     if not md["metadata"].get("deletionTimestamp"):  # forget() drops them on deletion
         metrics.set_replicas(
             namespace, name, new["desiredReplicas"], new["replicas"], new["readyReplicas"]

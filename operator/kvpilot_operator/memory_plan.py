@@ -7,7 +7,14 @@ from lightkube.utils.quantity import parse_quantity
 
 from kvpilot_common import precision
 from kvpilot_common.catalogue import KNOWN_MODELS
-from kvpilot_common.memory_model import GPU_MEMORY_MIB, MiB, ModelShape, Plan, plan
+from kvpilot_common.memory_model import (
+    GPU_MEMORY_MIB,
+    MiB,
+    ModelShape,
+    Plan,
+    lora_slot_bytes,
+    plan,
+)
 from kvpilot_operator.spec import Spec
 
 # On CPU the pod's memory limit is the device: the process itself (Python, torch, tokenizer)
@@ -40,17 +47,20 @@ def replica_plan(spec: Spec, shape: ModelShape, memory: int) -> Plan:
     """Weights and KV cache of one replica of `shape` on devices of `memory` bytes each."""
     gpu = spec.resources.gpus > 0
     engine = spec.engine
+    dtype = precision.resolve_dtype(DTYPES[engine.dtype].name, gpu)
+    slots = lora_slot_bytes(shape, engine.max_loras, engine.max_lora_rank, dtype)
     return plan(
         shape,
         memory,
         engine.max_model_len or shape.max_position,
-        dtype=precision.resolve_dtype(DTYPES[engine.dtype].name, gpu),
+        dtype=dtype,
         quantization=QUANTIZATIONS[engine.quantization].name,
         group_size=engine.quantization_group_size,
         kv_cache_dtype=KV_CACHE_DTYPES[engine.kv_cache_dtype].name,
         lm_head_quantization=LM_HEAD_QUANTIZATIONS[engine.lm_head_quantization].name,
         kv_fraction=engine.kv_cache_memory_percent / 100,
         tensor_parallel_size=spec.tensor_parallel_size if gpu else 1,
+        adapter_bytes=slots if spec.adapters else 0,
         **({} if gpu else {"headroom_bytes": CPU_HEADROOM_BYTES}),
     )
 

@@ -198,3 +198,18 @@ def test_two_ranks_serve_adapters_as_hugging_face_merges_them(model, tiny_dir, a
         llm.engine.close()
     for request, output in zip(requests[1:], outputs[1:], strict=True):
         assert _tokens(output) == list(_merged_greedy(base, Path(request.lora_path)))
+
+
+def test_the_memory_model_counts_the_slots_the_engine_allocates(tiny_dir):
+    """The operator's fit check reserves lora_slot_bytes for a replica with adapters: it must be
+    what the engine's slots take."""
+    import json
+
+    from kvpilot_common.memory_model import lora_slot_bytes, shape_from_config
+
+    base = tiny_dir("llama")
+    llm = LLM(str(base), kv_cache_bytes=16 * MiB, enable_lora=True, max_loras=3, max_lora_rank=8)
+    _, wrapped = llm.engine.model.lora
+    allocated = sum(w.a.nbytes + w.b.nbytes for _, w in wrapped)
+    shape = shape_from_config(json.loads((base / "config.json").read_text()))
+    assert lora_slot_bytes(shape, 3, 8, "float32") == allocated
