@@ -35,6 +35,10 @@ LORA_E2E_LATENCY = "kvpilot_lora_e2e_request_latency_seconds"
 LORA_TIME_TO_FIRST_TOKEN = "kvpilot_lora_time_to_first_token_seconds"
 # 1 per adapter a replica has loaded: what the gateway routes an adapter's requests by.
 LORA_LOADED = "kvpilot_lora_adapter_loaded"  # labels model, adapter
+# 1 per adapter in one of the engine's slots now (--max-loras of them: LORA_SLOTS), which a
+# request for it uses without evicting another: the gateway prefers such a replica.
+LORA_RESIDENT = "kvpilot_lora_adapter_resident"  # labels model, adapter
+LORA_SLOTS = "kvpilot_lora_slots"  # label model
 # vLLM's: labels max_lora, running_lora_adapters and waiting_lora_adapters (comma-separated
 # names), its value the time of the scrape; the Inference Gateway's LoRA affinity reads it.
 VLLM_LORA_REQUESTS_INFO = "vllm:lora_requests_info"

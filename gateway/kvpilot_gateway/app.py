@@ -24,7 +24,7 @@ from kvpilot_common.errors import KvpilotError, ModelNotFoundError, OverloadedEr
 from kvpilot_common.http.auth import ApiKeyMiddleware
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
-from kvpilot_gateway import headers, target
+from kvpilot_gateway import adapters, headers, target
 from kvpilot_gateway.balance import Balancer
 from kvpilot_gateway.budget import BodyBudget, Lease
 from kvpilot_gateway.catalog import Catalog, Key, Model
@@ -148,9 +148,12 @@ def build_app(state: State) -> Starlette:
                 except ClientDisconnect:
                     count(*labels, "client_closed").inc()
                     return Response(status_code=CLIENT_CLOSED)
-            choice = state.balancer.pick(
-                endpoints, {e: state.loads.load(e) for e in endpoints}, key
-            )
+            load = {e: state.loads.load(e) for e in endpoints}
+            if model.adapter is not None:  # a replica with it in a slot, if one has room
+                scraped = {e: state.loads.scraped(e) for e in endpoints}
+                bound = state.balancer.bound(endpoints, load)
+                endpoints = adapters.narrow(endpoints, model.adapter, scraped, load, bound)
+            choice = state.balancer.pick(endpoints, load, key)
             metrics.routing.labels(*labels, choice.reason).inc()
             endpoint = choice.endpoint
             if attempt:
@@ -232,6 +235,8 @@ def build_app(state: State) -> Starlette:
                     "scale_from_zero": model.autoscaling,
                 }
             )
+            if model.parent is not None:  # an adapter, listed as a vLLM server lists one
+                cards[-1]["parent"] = model.parent
         return JSONResponse({"object": "list", "data": cards})
 
     async def scrape(_: Request) -> Response:

@@ -4,6 +4,8 @@ event loop.
 
 A request names a model the way clients of one server do: its served model name, or
 `namespace/served name`; names.py decides which ModelDeployment answers when several could.
+Each of a ModelDeployment's LoRA adapters (spec.adapters) is a served name of its own, under the
+same rules, whose requests go to the same pods (adapters.py says which of them).
 Endpoints are the
 ModelDeployment's pods that are Ready and not terminating, with their pod IP: the rule the
 Service's endpoint controller applies. (The gateway watches the operator's pods rather than
@@ -12,6 +14,7 @@ address, which is where the tests' kubelet runs its servers.)
 """
 
 import asyncio
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -32,6 +35,9 @@ class Model:
     ready_replicas: int = 0  # status.readyReplicas, for /v1/models
     created: str = ""  # metadata.creationTimestamp: the older of two namesakes keeps the name
     annotations: dict[str, str] = field(default_factory=dict)
+    adapters: tuple[str, ...] = ()  # spec.adapters' names: each served beside the model
+    adapter: str | None = None  # set on the entry that serves one of them as `served`
+    parent: str | None = None  # and there, the model's own served name
 
     @property
     def key(self) -> Key:
@@ -54,7 +60,19 @@ def model_from(md: dict) -> Model:
         ready_replicas=int((md.get("status") or {}).get("readyReplicas") or 0),
         created=str(meta.get("creationTimestamp") or ""),
         annotations=dict(meta.get("annotations") or {}),
+        adapters=tuple(
+            str(a["name"])
+            for a in spec.get("adapters") or ()
+            if isinstance(a, dict) and "name" in a
+        ),
     )
+
+
+def served_entries(model: Model) -> list[Model]:
+    """The model, then one entry per adapter: the same ModelDeployment under the adapter's name."""
+    return [model] + [
+        dataclasses.replace(model, served=a, adapter=a, parent=model.served) for a in model.adapters
+    ]
 
 
 def endpoint_of(pod: dict) -> tuple[str, str | None]:
@@ -160,7 +178,8 @@ class Catalog:
         if self._by_served is None:
             self._by_served = {}
             for model in self.models.values():
-                self._by_served.setdefault(model.served, []).append(model)
+                for entry in served_entries(model):
+                    self._by_served.setdefault(entry.served, []).append(entry)
         exact, qualified = names.readings(requested)
         found = list(self._by_served.get(exact, ()))
         if qualified is not None:
@@ -172,13 +191,15 @@ class Catalog:
         name where it owns that, else namespace-qualified."""
         out = []
         for model in sorted(self.models.values(), key=lambda m: m.key):
-            if not self.policy.allowed(model):
-                continue
-            try:
-                owns = self.resolve(model.served) is model
-            except ModelNotFoundError:
-                owns = False
-            out.append((model.served if owns else model.qualified, model))
+            for entry in served_entries(model):
+                if not self.policy.allowed(entry):
+                    continue
+                try:
+                    found = self.resolve(entry.served)
+                    owns = (found.key, found.adapter) == (entry.key, entry.adapter)
+                except ModelNotFoundError:
+                    owns = False
+                out.append((entry.served if owns else entry.qualified, entry))
         return out
 
     def endpoints(self, key: Key) -> list[str]:

@@ -23,20 +23,27 @@ class Load:
     waiting: float  # requests queued, every class
     running: float  # requests in the running batch, every class
     kv_usage: float  # fraction of KV blocks held by requests (cached free blocks not counted)
+    adapters: frozenset[str] = frozenset()  # LoRA adapters in the engine's slots now
+    slots: int = 0  # the engine's LoRA slots (0: it serves none)
 
 
 def parse_load(text: str) -> Load:
     """Raises ValueError on text that is not the Prometheus exposition format."""
     waiting = running = kv_usage = 0.0
+    adapters, slots = set(), 0
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == names.REQUESTS_WAITING:
+            if s.name == names.LORA_RESIDENT and s.value:
+                adapters.add(s.labels["adapter"])
+            elif s.name == names.LORA_SLOTS:
+                slots = int(s.value)
+            elif s.name == names.REQUESTS_WAITING:
                 waiting += s.value  # summed over the `class` label
             elif s.name == names.REQUESTS_RUNNING:
                 running += s.value
             elif s.name == names.KV_CACHE_USAGE:
                 kv_usage = max(kv_usage, s.value)
-    return Load(waiting, running, kv_usage)
+    return Load(waiting, running, kv_usage, frozenset(adapters), slots)
 
 
 @dataclass
@@ -72,6 +79,10 @@ class Loads:
             state.down = True
         else:
             state.scraped, state.down = load, False
+
+    def scraped(self, endpoint: str) -> Load | None:
+        state = self._states.get(endpoint)
+        return None if state is None else state.scraped
 
     def mark_down(self, endpoint: str) -> None:
         """A request could not connect: down until a scrape answers again."""

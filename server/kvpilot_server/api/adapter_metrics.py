@@ -69,6 +69,17 @@ def collect_loaded(model: str, stats, max_loras: int) -> Iterator[Metric]:
     for adapter in stats.adapters:
         loaded.add_metric([model, adapter], 1)
     yield loaded
+    resident = GaugeMetricFamily(
+        names.LORA_RESIDENT,
+        "LoRA adapters in one of the engine's slots",
+        labels=["model", "adapter"],
+    )
+    for adapter in stats.adapters_resident:
+        resident.add_metric([model, adapter], 1)
+    yield resident
+    slots = GaugeMetricFamily(names.LORA_SLOTS, "The engine's LoRA slots", labels=["model"])
+    slots.add_metric([model], max_loras)
+    yield slots
     info = GaugeMetricFamily(
         names.VLLM_LORA_REQUESTS_INFO,
         "Running and waiting LoRA adapters (vLLM's series)",

@@ -73,6 +73,7 @@ class EngineStats:
     num_prefill_tokens: int = 0
     # LoRA: the adapters loaded, and those with sequences running or waiting (names, sorted).
     adapters: tuple[str, ...] = ()
+    adapters_resident: tuple[str, ...] = ()  # in a slot now
     adapters_running: tuple[str, ...] = ()
     adapters_waiting: tuple[str, ...] = ()
 
@@ -360,6 +361,7 @@ class LLMEngine:
         waiting = [s for queue in self.scheduler.waiting.values() for s in queue]
         return {
             "adapters": tuple(self.lora.known()),
+            "adapters_resident": tuple(self.lora.resident()),
             "adapters_running": names(self.scheduler.running),
             "adapters_waiting": names(waiting),
         }
