@@ -12,6 +12,8 @@ HISTOGRAMS = {
     names.GATEWAY_HOLD_SECONDS,
     names.GATEWAY_UPSTREAM_SECONDS,
     names.GRAMMAR_COMPILE_TIME,
+    names.LORA_E2E_LATENCY,
+    names.LORA_TIME_TO_FIRST_TOKEN,
 }
 # Every name metric_names declares (a counter's with its _total).
 NAMES = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}

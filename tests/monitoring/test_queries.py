@@ -31,6 +31,7 @@ from kvpilot_gateway.metrics import GatewayMetrics
 from kvpilot_operator import metrics as operator_metrics
 from kvpilot_testing.corpus import CORPUS
 from kvpilot_testing.live_server import start_tiny_server, stop_server
+from kvpilot_testing.lora import AdapterSpec, build_adapter
 from scripts.generators.alerts import alert_groups
 from scripts.generators.dashboards import dashboards
 from scripts.generators.paths import FILES, ROOT
@@ -38,6 +39,7 @@ from tests.monitoring.metric_kinds import HISTOGRAMS, NAMES
 from tests.monitoring.prometheus_server import Prometheus, PromQLError, finite
 
 NAMESPACE, MODEL, POD = "kvpilot-test", "tiny", "tiny-0"
+ADAPTER = "tone"  # a LoRA adapter the server carries, for the adapter panels
 OPERATOR_NAMESPACE = "kvpilot-system"
 TRAFFIC_S = 8.0
 CLIENTS = 6  # more than --max-num-seqs 2 + --max-waiting 2: some requests get 429
@@ -58,8 +60,9 @@ def _request(client: httpx.Client, i: int) -> None:
     (408, outcome error), streamed and abandoned after the first chunk (abort)."""
     prompt = CORPUS[:200]  # the same prefix every time: prefix-cache hits
     kind = i % 4
-    if kind == 0:
-        client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 8})
+    if kind == 0:  # every other one through the LoRA adapter
+        model = ADAPTER if i % 8 == 0 else MODEL
+        client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 8})
     elif kind == 1:
         messages = [{"role": "user", "content": prompt}]
         body = {"model": MODEL, "messages": messages, "max_tokens": 8, "stop": ["e", " "]}
@@ -130,8 +133,11 @@ def _operator(deadline: float, gateway: GatewayMetrics) -> None:
 
 
 @pytest.fixture(scope="module")
-def prometheus(prometheus_binaries, tiny_dir):
-    server, base = start_tiny_server(tiny_dir("llama"), "--max-num-seqs", "2", "--max-waiting", "2")
+def prometheus(prometheus_binaries, tiny_dir, tmp_path_factory):
+    adapter = tmp_path_factory.mktemp("adapter") / ADAPTER
+    build_adapter(tiny_dir("llama"), adapter, AdapterSpec(rank=2, targets=("q_proj", "v_proj")))
+    flags = ("--max-num-seqs", "2", "--max-waiting", "2", "--lora-modules", f"{ADAPTER}={adapter}")
+    server, base = start_tiny_server(tiny_dir("llama"), *flags)
     operator_http, operator_thread = start_http_server(0, addr="127.0.0.1")
     gateway = GatewayMetrics()
     gateway_http, gateway_thread = start_http_server(0, addr="127.0.0.1", registry=gateway.registry)

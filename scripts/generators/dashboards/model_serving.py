@@ -5,7 +5,7 @@ from grafana_foundation_sdk.builders import dashboard
 
 from kvpilot_common import metric_names as names
 
-from ..promql import ENGINE, outcome_ratio, rate, sel
+from ..promql import ENGINE, outcome_ratio, quantile, rate, sel
 from .common import latency_panel, new_dashboard, panel, variables
 
 
@@ -144,6 +144,72 @@ def model_serving() -> dashboard.Dashboard:
                 "Preemptions/s",
                 "Running requests evicted from the KV cache to make room (recomputed later).",
                 [(f"sum by (pod) ({rate(names.PREEMPTIONS, ENGINE)})", "{{pod}}")],
+            )
+        )
+        .with_row(dashboard.Row("LoRA adapters"))
+        .with_panel(
+            panel(
+                "Adapter requests/s by outcome",
+                "Finished requests per second for each LoRA adapter (spec.adapters), by outcome "
+                "as in Requests/s (the base model's are not in these).",
+                [
+                    (
+                        f"sum by (model, adapter, outcome) ({rate(names.LORA_REQUESTS, ENGINE)})",
+                        "{{adapter}} {{outcome}}",
+                    )
+                ],
+                unit="reqps",
+                width=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Adapter tokens/s",
+                "Tokens each adapter generated per second.",
+                [
+                    (
+                        f"sum by (model, adapter) ({rate(names.LORA_GENERATION_TOKENS, ENGINE)})",
+                        "{{adapter}}",
+                    )
+                ],
+                width=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Adapter p95 latency",
+                "Arrival to first token and to finish, p95, per adapter.",
+                [
+                    (
+                        quantile(0.95, names.LORA_TIME_TO_FIRST_TOKEN, ENGINE, "model, adapter"),
+                        "{{adapter}} first token",
+                    ),
+                    (
+                        quantile(0.95, names.LORA_E2E_LATENCY, ENGINE, "model, adapter"),
+                        "{{adapter}} end to end",
+                    ),
+                ],
+                unit="s",
+                width=8,
+            )
+        )
+        .with_panel(
+            panel(
+                "Replicas with each adapter",
+                "Replicas that have loaded each adapter, and those that hold it in one of their "
+                "engine's slots now (engine.maxLoras of them): a request for an adapter outside "
+                "the slots installs it first, evicting the one used least recently.",
+                [
+                    (
+                        f"sum by (model, adapter) ({sel(names.LORA_LOADED, ENGINE)})",
+                        "{{adapter}} loaded",
+                    ),
+                    (
+                        f"sum by (model, adapter) ({sel(names.LORA_RESIDENT, ENGINE)})",
+                        "{{adapter}} in a slot",
+                    ),
+                ],
+                width=24,
             )
         )
     )
