@@ -2,6 +2,7 @@
 where Service and pod addresses lead somewhere); prints one JSON line per event.
 
     in_the_cluster.py post URL BODY               the answer: {"status", "body"}
+    in_the_cluster.py get URL {}                  the same for a GET
     in_the_cluster.py stream URL BODY READY_URL   streams; after the first chunk says
         {"event": "streaming"} and watches READY_URL (the serving pod's /ready) until it fails,
         saying {"event": "draining", "chunks": n}; at the end {"event": "end", ...}
@@ -19,6 +20,11 @@ WATCH_SECONDS = 120  # the longest a pod's drain is watched for
 
 def post(url: str, body: dict) -> None:
     answer = httpx.post(url, json=body, timeout=300)
+    print(json.dumps({"status": answer.status_code, "body": answer.json()}), flush=True)
+
+
+def get(url: str) -> None:
+    answer = httpx.get(url, timeout=60)
     print(json.dumps({"status": answer.status_code, "body": answer.json()}), flush=True)
 
 
@@ -67,5 +73,7 @@ if __name__ == "__main__":
     command, url, body = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     if command == "post":
         post(url, body)
+    elif command == "get":
+        get(url)
     else:
         stream(url, body, sys.argv[4])

@@ -4,8 +4,10 @@ shipped but for its CPUs, and the pods the operator makes started by the kubelet
 read-only root, the operator's probes, the kernels prebuilt in the image). Then what a model
 owner does to it: a chat completion through the model's Service and through the gateway's (as a
 client pod in the cluster sends them), `kubectl scale` to 2 and back, a pod deleted while it
-streams (the stream drains to its end), the ModelDeployment deleted (its children go), and a
-model at zero replicas woken by a request held in the gateway's pod."""
+streams (the stream drains to its end), the ModelDeployment deleted (its children go), a
+model at zero replicas woken by a request held in the gateway's pod, the autoscaler under load,
+and LoRA adapters on a PersistentVolumeClaim served through the gateway, one more added to the
+spec reaching the running pod without a restart."""
 
 import json
 import subprocess
@@ -18,6 +20,7 @@ import pytest
 import yaml
 
 from kvpilot_common.naming import INSTANCE_LABEL
+from kvpilot_server.models.builtin import builtin_path
 from kvpilot_testing.kube.cluster import (
     DEPLOYMENTS,
     EVENTS,
@@ -31,6 +34,7 @@ from kvpilot_testing.kube.cluster import (
 from kvpilot_testing.kube.images import chart_values, project_image
 from kvpilot_testing.kube.install import NAMESPACE, RELEASE, install
 from kvpilot_testing.kube.realnode import NAMESPACE as NETNS
+from kvpilot_testing.lora import AdapterSpec, build_adapter
 from kvpilot_testing.paths import ROOT
 
 QUESTION = {"role": "user", "content": "What is the capital of France?"}
@@ -89,8 +93,8 @@ def _client(*args: str, timeout: float = 360) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _post(url: str, body: dict) -> dict:
-    client = _client("post", url, json.dumps(body))
+def _post(url: str, body: dict, command: str = "post") -> dict:
+    client = _client(command, url, json.dumps(body))
     out, err = client.communicate(timeout=360)
     assert client.returncode == 0, err[-2000:]
     return json.loads(out)
@@ -288,3 +292,124 @@ def test_the_autoscaler_adds_a_replica_under_load_and_removes_it_after(cluster, 
     ]
     assert any("1 -> 2" in message for message in scaled), scaled
     _wait_replicas(cluster, "sleepy", 1, 180, "back to one replica after the load")
+
+
+def _claim_of_adapters(cluster: Cluster, folder: Path) -> None:
+    """A PersistentVolumeClaim `adapters` bound to a hostPath volume of `folder`, on this
+    machine, which is the node (kube-controller-manager's binder binds the two)."""
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": "kvpilot-test-adapters"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": str(folder), "type": "Directory"},
+            "claimRef": {"namespace": "models", "name": "adapters"},
+        },
+    }
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "adapters"},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "resources": {"requests": {"storage": "1Gi"}},
+            "storageClassName": "",
+            "volumeName": "kvpilot-test-adapters",
+        },
+    }
+    with cluster.plane.client() as http:
+        http.post("/api/v1/persistentvolumes", json=volume).raise_for_status()
+        http.post(cluster.path("/api/v1/namespaces/{ns}/persistentvolumeclaims"), json=claim)
+
+    def bound() -> bool:
+        found = cluster.plane.get("/api/v1/namespaces/models/persistentvolumeclaims/adapters")
+        return (found or {}).get("status", {}).get("phase") == "Bound"
+
+    wait_for("the adapters' claim to be bound", bound, timeout=60, interval=1)
+
+
+def _chat(cluster: Cluster, model: str) -> dict:
+    request = {"model": model, "messages": [QUESTION], "max_tokens": 8, "temperature": 0}
+    return _post(_gateway(cluster) + "/v1/chat/completions", request)
+
+
+def test_lora_adapters_from_a_claim_and_one_added_without_a_restart(cluster, tmp_path_factory):
+    """Two adapters in the spec at `kubectl apply`: both listed by the gateway with the model as
+    parent and answering; a third appended to the spec is loaded by the running pod (the
+    kubelet refreshes the mounted list) and answers, with the same pod, never restarted."""
+    cluster.delete(MD, "sleepy")  # the node's two cores: room for this model
+    wait_for("sleepy's pods to go", lambda: not _pods(cluster, "sleepy"), timeout=180, interval=1)
+    folder = tmp_path_factory.mktemp("adapters")
+    base = builtin_path("smollm2-135m-instruct")
+    for i, name in enumerate(("formal", "terse", "pirate")):
+        build_adapter(
+            base, folder / name, AdapterSpec(rank=4, targets=("q_proj", "v_proj"), seed=i)
+        )
+    for path in [folder, *folder.rglob("*")]:  # the pod runs as uid 1000
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    folder.parent.chmod(0o755)
+    _claim_of_adapters(cluster, folder)
+    adapters = [{"name": n, "source": f"pvc://adapters/{n}"} for n in ("formal", "terse")]
+    spec = {
+        "model": {"source": "builtin://smollm2-135m-instruct", "servedModelName": "tuned"},
+        "adapters": adapters,
+        "engine": {"maxModelLen": 2048, "maxLoras": 2, "maxLoraRank": 8},
+        "resources": {"gpus": 0, "cpu": CPU, "memory": "4Gi"},
+        "replicas": 1,
+    }
+    manifest = tmp_path_factory.mktemp("tuned") / "md.yaml"
+    manifest.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kvpilot.dev/v1alpha1",
+                "kind": "ModelDeployment",
+                "metadata": {"name": "tuned"},
+                "spec": spec,
+            }
+        )
+    )
+    _kubectl(cluster, "apply", "-f", str(manifest))
+    _wait_replicas(cluster, "tuned", 1, 300, "tuned Ready")
+    (pod,) = _pods(cluster, "tuned")
+    listed = _post(_gateway(cluster) + "/v1/models", {}, "get")
+    cards = {c["id"]: c for c in listed["body"]["data"]}
+    assert cards["formal"]["parent"] == "tuned" and cards["terse"]["parent"] == "tuned", cards
+    answers = {name: _chat(cluster, name) for name in ("tuned", "formal", "terse")}
+    for name, answer in answers.items():
+        assert answer["status"] == 200 and answer["body"]["model"] == name, answer
+    assert _chat(cluster, "pirate")["status"] == 404
+
+    spec["adapters"].append({"name": "pirate", "source": "pvc://adapters/pirate"})
+    manifest.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kvpilot.dev/v1alpha1",
+                "kind": "ModelDeployment",
+                "metadata": {"name": "tuned"},
+                "spec": spec,
+            }
+        )
+    )
+    start = time.monotonic()
+    _kubectl(cluster, "apply", "-f", str(manifest))
+    served = wait_for(
+        "the third adapter to answer",
+        lambda: (answer := _chat(cluster, "pirate"))["status"] == 200 and answer,
+        timeout=180,
+        interval=2,
+    )
+    print(json.dumps({"adapter_added_to_servable_s": round(time.monotonic() - start, 1)}))
+    assert served["body"]["model"] == "pirate"
+    (after,) = _pods(cluster, "tuned")
+    assert after["metadata"]["uid"] == pod["metadata"]["uid"]  # the same pod
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0
+
+    def reported() -> bool:
+        loaded = _status(cluster, "tuned").get("loadedAdapters") or []
+        return [r["adapters"] for r in loaded] == [["formal", "pirate", "terse"]]
+
+    wait_for("status.loadedAdapters to list all three", reported, timeout=60, interval=1)
