@@ -75,6 +75,11 @@ def main() -> None:
         llm.generate(prompts, SamplingParams(max_tokens=2), lora_request=requests)
         base_tps = throughput(llm, prompts, params, None, args.runs)
         lora_tps = throughput(llm, prompts, params, requests, args.runs)
+        # A decode step reads every weight once, and every used slot's A and B once more: the
+        # bound a memory-bound step puts on lora/base.
+        model = llm.engine.model
+        base_bytes = sum(p.nbytes for p in model.parameters())
+        slot_bytes = sum(w.a.nbytes + w.b.nbytes for _, w in model.lora[1])
         del llm
         merged_tokens, merged_seconds = 0, 0.0
         for i, path in enumerate(paths):
@@ -104,6 +109,9 @@ def main() -> None:
         "merged_one_after_another_tok_s": round(merged_tps, 1),
         "lora_over_base": round(lora_tps / base_tps, 3),
         "lora_over_merged": round(lora_tps / merged_tps, 3),
+        "weight_bytes": base_bytes,
+        "adapter_bytes_read_per_step": slot_bytes,
+        "bandwidth_bound_lora_over_base": round(base_bytes / (base_bytes + slot_bytes), 3),
     }
     print(json.dumps(result, indent=2))
     if args.record:
