@@ -41,7 +41,10 @@ QUESTION = {"role": "user", "content": "What is the capital of France?"}
 CLIENT = Path(__file__).parent / "in_the_cluster.py"
 # The node has 2 cores: two model replicas beside the operator (100m) and the gateway (2 x 200m).
 CPU = "700m"
-TOKENS = 300  # streamed by the pod deleted mid-stream
+TOKENS = 200  # streamed by the pod deleted mid-stream
+# Its drain timeout: room for those tokens at a slow machine's pace (about 4 a second at 0.7 of
+# one of its cores), where the default 60 s was measured too short.
+DRAIN_S = 120
 # Short chats at a rate one replica at 0.7 of a core serves, but not within 100 ms to the first
 # token: the autoscaler's reason to add the second.
 LOAD = {
@@ -152,6 +155,7 @@ def test_the_cpu_sample_turns_ready_and_answers_through_its_service_and_the_gate
 ):
     body = yaml.safe_load((ROOT / "crds/samples/builtin-cpu.yaml").read_text())
     body["spec"]["resources"]["cpu"] = CPU
+    body["spec"]["probes"] = {"drainTimeoutSeconds": DRAIN_S}
     (tmp_path / "md.yaml").write_text(yaml.safe_dump(body))
     start = time.monotonic()
     _kubectl(cluster, "apply", "-f", str(tmp_path / "md.yaml"))
@@ -184,8 +188,8 @@ def test_a_pod_deleted_while_it_streams_drains_the_stream_to_its_end(cluster):
     (pod,) = _pods(cluster, "smollm2")
     ip = pod["status"]["podIP"]
     # ignore_eos: all of them. At this pod's pace (0.7 of a core) long enough to outlast
-    # preStop's sleep, and short enough to end inside the drain timeout (60 s), where the
-    # server cuts what is left.
+    # preStop's sleep, and short enough to end inside the drain timeout (DRAIN_S), where the
+    # server ends what is left with an error event.
     body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": TOKENS}
     body |= {"temperature": 0, "ignore_eos": True, "stream": True}
     body |= {"stream_options": {"include_usage": True}}
