@@ -193,6 +193,7 @@ class Plan:
     kv_cache_bytes: int  # what the KV cache gets (0 or less: nothing left after the weights)
     max_model_len: int
     tensor_parallel_size: int = 1
+    adapter_bytes: int = 0  # LoRA slots, whole on every GPU
 
     @property
     def kv_tokens(self) -> int:
@@ -283,4 +284,5 @@ def plan(
         kv_cache_bytes=int(free * kv_fraction) if free > 0 else free,
         max_model_len=max_model_len,
         tensor_parallel_size=size,
+        adapter_bytes=adapter_bytes,
     )

@@ -90,13 +90,19 @@ def check(spec: Spec) -> Fit:
         return Fit(
             True, f"{p.sequences_at_max_len} sequences of {p.max_model_len} tokens fit", capacity
         )
-    need = (p.weight_bytes + p.kv_bytes_per_token * p.max_model_len) // MiB
+    need = (p.weight_bytes + p.adapter_bytes + p.kv_bytes_per_token * p.max_model_len) // MiB
+    slots = f"{p.adapter_bytes // MiB} MiB of LoRA adapter slots plus " if p.adapter_bytes else ""
+    remedies = "more GPUs per replica, quantization, "
+    if p.adapter_bytes:
+        remedies += "a smaller maxModelLen, or fewer engine.maxLoras or a lower maxLoraRank"
+    else:
+        remedies += "or a smaller maxModelLen"
     return Fit(
         False,
-        f"{source} needs {p.weight_bytes // MiB} MiB of weights plus "
+        f"{source} needs {p.weight_bytes // MiB} MiB of weights plus {slots}"
         f"{p.kv_bytes_per_token * p.max_model_len // MiB} MiB of KV cache for one "
         f"{p.max_model_len}-token sequence (~{need} MiB before runtime headroom) per device "
         f"over {p.tensor_parallel_size}, but one has {memory // MiB} MiB: use a larger GPU, "
-        "more GPUs per replica, quantization, or a smaller maxModelLen",
+        + remedies,
         capacity,
     )

@@ -1,9 +1,10 @@
 """permissions.py against what the operator really does: the chart installed with the real
 helm into a real API server, the operator run as the chart's Deployment says under the chart's
 ServiceAccount, through a life that makes each kind of call (children created and patched, a
-PodDisruptionBudget created and deleted, a scale through the subresource, status, Events, the
-autoscaler), and every request it made read back from the API server's audit log. Every call
-must be declared at its scope, every declaration used, and none refused.
+PodDisruptionBudget and an adapter list created, changed and deleted, a scale through the
+subresource, status, Events, the autoscaler), and every request it made read back from the API
+server's audit log. Every call must be declared at its scope, every declaration used, and none
+refused.
 
 Both ways the chart runs it: watching named namespaces (the default, the release namespace:
 a Role there, plus kopf's namespace observer cluster-wide) and watching all of them (one
@@ -13,9 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvpilot_common import adapter_list
 from kvpilot_operator import permissions
 from kvpilot_operator.permissions import Permission
 from kvpilot_testing.kube.cluster import (
+    CONFIGMAPS,
     DEPLOYMENTS,
     EVENTS,
     MD,
@@ -101,8 +104,26 @@ def _live(cluster: Cluster) -> None:
     cluster.patch(MD, "calls", {"spec": {"autoscaling": {"enabled": False}, "replicas": 1}})
     wait_for("the PDB to go", lambda: cluster.get(PDBS, "calls") is None)
     wait_for("1 replica", lambda: cluster.get(DEPLOYMENTS, "calls")["spec"]["replicas"] == 1)
+    # spec.adapters: their list is a ConfigMap, created, changed in place, deleted when emptied
+    # (one slot: four would not fit beside the weights in 2 GiB).
+    for names in (["tone"], ["tone", "terse"]):
+        adapters = [{"name": n, "source": f"hf://org/{n}"} for n in names]
+        cluster.patch(MD, "calls", {"spec": {"adapters": adapters, "engine": {"maxLoras": 1}}})
+        wait_for(
+            f"the list {names}",
+            lambda names=names: _listed(cluster.get(CONFIGMAPS, "calls-adapters"), names),
+        )
+    cluster.patch(MD, "calls", {"spec": {"adapters": []}})
+    wait_for("the list to go", lambda: cluster.get(CONFIGMAPS, "calls-adapters") is None)
     cluster.delete(MD, "calls")  # the operator removes kopf's finalizer
     wait_for("the ModelDeployment to go", lambda: cluster.get(MD, "calls") is None)
+
+
+def _listed(config_map: dict | None, names: list[str]) -> bool:
+    if config_map is None:
+        return False
+    text = config_map["data"][adapter_list.FILE_NAME]
+    return [entry.name for entry in adapter_list.decode(text)] == names
 
 
 @pytest.mark.parametrize("scope", SCOPES)

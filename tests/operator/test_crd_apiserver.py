@@ -17,7 +17,14 @@ import yaml
 from kvpilot_operator import crd, render
 from kvpilot_operator.spec import Spec
 from kvpilot_testing.crd_rules import as_created, as_sent, errors
-from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, PDBS, SERVICES, create_namespace
+from kvpilot_testing.kube.cluster import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    MD,
+    PDBS,
+    SERVICES,
+    create_namespace,
+)
 from tests.operator.crd_cases import (
     ACCEPTED_CASES,
     FIELD_CASES,
@@ -29,7 +36,12 @@ from tests.operator.crd_cases import (
 
 NAMESPACE = "crd-verdicts"
 DRY_RUN = {"dryRun": "All", "fieldValidation": "Strict"}  # Strict: kubectl's default
-CHILDREN = {"Deployment": DEPLOYMENTS, "Service": SERVICES, "PodDisruptionBudget": PDBS}
+CHILDREN = {
+    "Deployment": DEPLOYMENTS,
+    "Service": SERVICES,
+    "PodDisruptionBudget": PDBS,
+    "ConfigMap": CONFIGMAPS,
+}
 
 
 def _cases() -> Iterator[object]:

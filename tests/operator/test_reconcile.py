@@ -48,19 +48,33 @@ def _reconcile(monkeypatch, fake: _Cluster, patch: kopf.Patch, **spec) -> list:
     return fake.calls
 
 
+# Without spec.adapters the plan deletes any adapter list left from an earlier spec: level-
+# triggered, so a list emptied while the operator was down goes too.
 def test_one_replica_applies_deployment_then_service_and_deletes_the_budget(monkeypatch):
     assert _reconcile(monkeypatch, _Cluster(), kopf.Patch(), replicas=1) == [
         ("apply", "Deployment"),
         ("apply", "Service"),
+        ("delete", "ConfigMap/ns/m-adapters"),
         ("delete", "PodDisruptionBudget/ns/m"),
     ]
 
 
-def test_two_replicas_apply_a_budget_and_delete_nothing(monkeypatch):
+def test_two_replicas_apply_a_budget_and_delete_only_an_adapter_list(monkeypatch):
     assert _reconcile(monkeypatch, _Cluster(), kopf.Patch(), replicas=2) == [
         ("apply", "Deployment"),
         ("apply", "Service"),
         ("apply", "PodDisruptionBudget"),
+        ("delete", "ConfigMap/ns/m-adapters"),
+    ]
+
+
+def test_adapters_apply_their_list_after_the_deployment(monkeypatch):
+    adapters = [{"name": "tone", "source": "hf://org/tone"}]
+    assert _reconcile(monkeypatch, _Cluster(), kopf.Patch(), replicas=1, adapters=adapters) == [
+        ("apply", "Deployment"),
+        ("apply", "Service"),
+        ("apply", "ConfigMap"),
+        ("delete", "PodDisruptionBudget/ns/m"),
     ]
 
 

@@ -1,19 +1,18 @@
 """render(): every object passes the official Kubernetes schemas (strict), and the pod spec says
 what the issue asks: probes sized for loading, drain on stop, hardening, GPU limits, flags."""
 
-import argparse
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from kvpilot_common import cli
 from kvpilot_operator import crd
 from kvpilot_operator.render import Removal, render
 from kvpilot_operator.spec import Spec
+from tests.operator.crd_cases import SAMPLES
+from tests.operator.server_flags import server_reads
 
-SAMPLES = sorted((Path(__file__).parents[2] / "crds" / "samples").glob("*.yaml"))
 # The oldest version we support (PreStop sleep needs 1.30) and the newest the package knows.
 K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 IMAGE = "ghcr.io/kvpilot/kvpilot:0.1.0"
@@ -162,31 +161,13 @@ def test_render_is_deterministic_and_a_spec_change_changes_the_pod_template():
     assert before != after
 
 
-class _Parsed(Exception):
-    def __init__(self, namespace: argparse.Namespace) -> None:
-        self.namespace = namespace
-
-
-def _server_reads(args: list[str], monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
-    """What the server's own command line makes of `args`, without running the command."""
-    parse = argparse.ArgumentParser.parse_args
-
-    def parse_then_stop(self, argv=None, namespace=None):
-        raise _Parsed(parse(self, argv, namespace))
-
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
-    with pytest.raises(_Parsed) as parsed:
-        cli.main(args)
-    return parsed.value.namespace
-
-
 def test_the_servers_parser_reads_every_user_value_as_a_value(monkeypatch):
     # A CRD older than the operator lets a name starting with '-' through; the server must
     # still start (argparse read `--served-model-name -x` as two flags and exited: a crash loop).
     body = _body(next(s for s in SAMPLES if s.name.startswith("hf-")))
     body["spec"]["model"]["servedModelName"] = "--help"
     pod = _pod(_render(body))
-    server = _server_reads(pod["containers"][0]["args"], monkeypatch)
+    server = server_reads(pod["containers"][0]["args"], monkeypatch)
     assert server.served_model_name == "--help" and server.quantization == "int8"
     assert server.model == "/var/cache/kvpilot/models/Qwen/Qwen2.5-7B-Instruct"
     assert server.enable_prefix_caching is True and server.device == "cuda"

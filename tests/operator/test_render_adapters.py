@@ -10,7 +10,8 @@ from kvpilot_common import adapter_list
 from kvpilot_operator import crd
 from kvpilot_operator.render import Removal, render
 from kvpilot_operator.spec import Spec
-from tests.operator.test_render import SAMPLES, _server_reads
+from tests.operator.crd_cases import SAMPLES
+from tests.operator.server_flags import server_reads
 
 IMAGE = "ghcr.io/kvpilot/kvpilot:0.1.0"
 SAMPLE = next(s for s in SAMPLES if s.name == "lora-adapters.yaml")
@@ -54,7 +55,7 @@ def test_the_adapter_list_is_a_configmap_the_server_follows(monkeypatch):
     }
     mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["/adapters/adapters"]["readOnly"] and mounts["/etc/kvpilot/adapters"]["readOnly"]
-    server = _server_reads(pod["containers"][0]["args"], monkeypatch)
+    server = server_reads(pod["containers"][0]["args"], monkeypatch)
     assert server.lora_config == "/etc/kvpilot/adapters/adapters.json"
     assert (server.max_loras, server.max_lora_rank) == (2, 16)
     assert Removal("ConfigMap", "smollm2-tuned-adapters", "models") not in plan.delete

@@ -211,6 +211,19 @@ def test_70b_in_int4_fits_four_l4s_split_four_ways_and_not_one():
     assert one.capacity["weightsMiB"] > 23034  # the weights alone exceed the whole GPU
 
 
+def test_adapter_slots_tip_a_tight_fit_over_and_the_refusal_says_so():
+    # SmolLM2 at 8192 tokens fits a 2 GiB CPU pod; four rank-16 slots on every projection do not.
+    resources = {"gpus": 0, "memory": "2Gi"}
+    bare = check(Spec.from_defaulted(_body(1, resources=resources)))
+    assert bare.fits is True
+    adapters = [{"name": "tone", "source": "hf://org/tone"}]
+    tuned = check(Spec.from_defaulted(_body(1, resources=resources, adapters=adapters)))
+    assert tuned.fits is False and tuned.reason == "InsufficientGPUMemory"
+    assert "MiB of LoRA adapter slots" in tuned.message and "fewer engine.maxLoras" in tuned.message
+    one_slot = _body(1, resources=resources, adapters=adapters, engine={"maxLoras": 1})
+    assert check(Spec.from_defaulted(one_slot)).fits is True
+
+
 def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_with_the_reason():
     body = _seventy_b(4, tensorParallelSize=3)
     fit = check(Spec.from_defaulted(body))

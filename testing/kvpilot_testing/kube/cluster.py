@@ -23,6 +23,7 @@ SERVICES = "/api/v1/namespaces/{ns}/services"
 PDBS = "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"
 PODS = "/api/v1/namespaces/{ns}/pods"
 EVENTS = "/api/v1/namespaces/{ns}/events"
+CONFIGMAPS = "/api/v1/namespaces/{ns}/configmaps"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 # What create() fills in when a test's body leaves it out (the API server needs it on custom
 # resources).
@@ -32,6 +33,7 @@ TYPES = {
     SERVICES: ("v1", "Service"),
     PDBS: ("policy/v1", "PodDisruptionBudget"),
     PODS: ("v1", "Pod"),
+    CONFIGMAPS: ("v1", "ConfigMap"),
 }
 
 

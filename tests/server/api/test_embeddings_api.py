@@ -77,8 +77,11 @@ def test_token_ids_and_a_single_string_are_inputs_too(embed_client, embedder):
     one = embed_client.embeddings.create(model="embedder", input=text).data[0].embedding
     by_ids = embed_client.embeddings.create(model="embedder", input=ids).data[0].embedding
     nested = embed_client.embeddings.create(model="embedder", input=[ids, ids]).data
-    assert torch.allclose(torch.tensor(one), torch.tensor(by_ids), atol=1e-6)
-    assert len(nested) == 2 and torch.allclose(torch.tensor(nested[1].embedding), torch.tensor(one))
+    # Float32's last bits differ between a batch of one and of two (other kernel blockings):
+    # the same vector to within 1e-5 of a unit length, not bit for bit.
+    assert torch.allclose(torch.tensor(one), torch.tensor(by_ids), atol=1e-5)
+    assert len(nested) == 2
+    assert torch.allclose(torch.tensor(nested[1].embedding), torch.tensor(one), atol=1e-5)
 
 
 def test_dimensions_shorten_the_vector(embed_client):
