@@ -83,7 +83,8 @@ COMMANDS = (
         "it watches, routing each request by its `model` to a ready replica (by load and prompt "
         "prefix) and streaming the answer through. A model with no ready replica holds its "
         "requests and asks the operator to scale it up. Uses the in-cluster service account or "
-        "$KUBECONFIG. See docs/gateway.md.",
+        "$KUBECONFIG; without Kubernetes, --backend MODEL=URL names the servers instead. See "
+        "docs/gateway.md.",
     ),
     Command(
         "bench",

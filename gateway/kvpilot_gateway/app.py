@@ -133,6 +133,11 @@ def build_app(state: State) -> Starlette:
                         f"The model {model.served!r} is scaled to zero and its autoscaling is "
                         "off: nothing will start it",
                     )
+                if settings.backends:  # no operator starts a backend: holding would not help
+                    count(*labels, "unavailable").inc()
+                    return _with_retry_after(
+                        503, f"No backend of the model {model.served!r} is ready", 1
+                    )
                 try:
                     ready = state.holds.until_ready(model, lambda: state.usable(model))
                     endpoints = await unless_disconnected(ready, request.receive)
@@ -249,7 +254,12 @@ def build_app(state: State) -> Starlette:
         if state.draining:
             return error_response(503, "Draining: finishing in-flight requests before exit")
         if not state.synced:
-            return error_response(503, "Listing ModelDeployments and their endpoints")
+            return error_response(
+                503,
+                "Probing the backends"
+                if settings.backends
+                else "Listing ModelDeployments and their endpoints",
+            )
         return JSONResponse({"status": "ok"})
 
     async def unexpected(_: Request, exc: Exception) -> Response:

@@ -118,14 +118,17 @@ class Catalog:
 
     def set_pod(self, pod: dict) -> None:
         meta = pod["metadata"]
-        name, endpoint = endpoint_of(pod)
-        key = (meta["namespace"], meta["name"])
+        self.set_member((meta["namespace"], meta["name"]), *endpoint_of(pod))
+
+    def set_member(self, key: Key, model: str, endpoint: str | None) -> None:
+        """One server of a model (a pod, or a backend without Kubernetes): its endpoint while
+        it takes requests, else None."""
         before = self.pods.get(key)
-        if before != (name, endpoint):
-            self.pods[key] = (name, endpoint)
-            self._wake((meta["namespace"], name))
-            if before is not None and before[0] != name:  # relabelled: its old model lost it
-                self._wake((meta["namespace"], before[0]))
+        if before != (model, endpoint):
+            self.pods[key] = (model, endpoint)
+            self._wake((key[0], model))
+            if before is not None and before[0] != model:  # relabelled: its old model lost it
+                self._wake((key[0], before[0]))
 
     def drop_pod(self, namespace: str, name: str) -> None:
         model, _ = self.pods.pop((namespace, name), ("", None))

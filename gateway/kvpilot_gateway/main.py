@@ -1,8 +1,8 @@
-"""`kvpilot gateway`: settings from the flags, the watches, the load scraper and the announcer
-started with the app and stopped with it, uvicorn with the server's HTTP protocol (its header
-size limit and header timeout) and the server's drain (on SIGTERM /ready fails, held requests
-get 503 and new ones too, while in-flight ones, streams included, finish within the drain
-timeout)."""
+"""`kvpilot gateway`: settings from the flags, the watches (or, given --backend, the backends'
+probes), the load scraper and the announcer started with the app and stopped with it, uvicorn
+with the server's HTTP protocol (its header size limit and header timeout) and the server's
+drain (on SIGTERM /ready fails, held requests get 503 and new ones too, while in-flight ones,
+streams included, finish within the drain timeout)."""
 
 import argparse
 import asyncio
@@ -19,6 +19,7 @@ from kvpilot_common import demand
 from kvpilot_gateway import options
 from kvpilot_gateway.announce import Announcer
 from kvpilot_gateway.app import State, build_app
+from kvpilot_gateway.backends import Probes
 from kvpilot_gateway.load import scrape
 from kvpilot_gateway.watch import Watches
 
@@ -58,10 +59,18 @@ def run_gateway(args: argparse.Namespace) -> int:
 
 
 def create_app(settings: options.Settings) -> Starlette:
-    kube = AsyncClient()
-    announcer = Announcer(kube, settings.gateway_id)
-    state = State(settings, None, announcer.set)  # the upstream session opens with the loop
-    watches = Watches(kube, state.catalog, settings.namespaces)
+    """With --backend: the backends' probes (backends.py), no Kubernetes client and nothing
+    announced (nothing would scale from zero). Else the watches and the held-requests
+    announcer."""
+    kube = None if settings.backends else AsyncClient()
+    announcer = Announcer(kube, settings.gateway_id) if kube is not None else None
+    # The upstream session opens with the loop.
+    state = State(settings, None, announcer.set if announcer else lambda key, held: None)
+    source: Watches | Probes = (
+        Watches(kube, state.catalog, settings.namespaces)
+        if kube is not None
+        else Probes(state.catalog, settings.backends, settings.scrape_interval)
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -74,18 +83,20 @@ def create_app(settings: options.Settings) -> Starlette:
             connector=aiohttp.TCPConnector(limit=0),
             auto_decompress=False,
         )
-        watches.start()
+        source.start()
         scraper = asyncio.create_task(_scrape_forever(state))
-        ready = asyncio.create_task(_when_synced(state, watches, announcer))
+        ready = asyncio.create_task(_when_synced(state, source, announcer))
         try:
             yield
         finally:
             for task in (scraper, ready):
                 task.cancel()
-            await watches.stop()
-            await announcer.stop()
+            await source.stop()
+            if announcer is not None:
+                await announcer.stop()
             await state.client.close()
-            await kube.close()
+            if kube is not None:
+                await kube.close()
 
     app = build_app(state)
     app.router.lifespan_context = lifespan
@@ -93,9 +104,13 @@ def create_app(settings: options.Settings) -> Starlette:
     return app
 
 
-async def _when_synced(state: State, watches: Watches, announcer: Announcer) -> None:
-    await watches.synced.wait()
+async def _when_synced(
+    state: State, source: "Watches | Probes", announcer: Announcer | None
+) -> None:
+    await source.synced.wait()
     state.synced = True
+    if announcer is None:
+        return
     # A restarted gateway (same pod name) may have left a count of requests it no longer
     # holds: say zero now rather than let the operator count them until they go stale.
     now = time.time()

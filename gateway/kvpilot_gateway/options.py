@@ -5,6 +5,7 @@ import argparse
 import ipaddress
 import os
 import socket
+import urllib.parse
 from dataclasses import dataclass, field
 
 from kvpilot_common.http.limits import BODY_TIMEOUT, add_http_limit_args
@@ -12,6 +13,7 @@ from kvpilot_gateway.names import Policy, parse_reservations
 
 ROUTING = ("prefix-load", "least-load", "round-robin")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Backends = tuple[tuple[str, tuple[str, ...]], ...]  # (served model name, its "host:port"s)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Settings:
     max_held_bytes: int = 32 << 20
     names: Policy = field(default_factory=Policy)
     trusted_proxies: tuple[Network, ...] = ()  # whose X-Forwarded-For / Forwarded are kept
+    backends: Backends = ()  # given: no Kubernetes, these servers (backends.py)
 
 
 def add_gateway_args(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +50,15 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="watch ModelDeployments in this namespace (repeatable; default: every namespace)",
+    )
+    parser.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="MODEL=URL[,URL...]",
+        help="without Kubernetes: route MODEL to these `kvpilot serve` (or other OpenAI) "
+        "servers, http://host:port each (repeatable; a model named again adds servers). "
+        "No watches, no scale from zero",
     )
     parser.add_argument(
         "--routing",
@@ -168,7 +180,14 @@ def settings(args: argparse.Namespace, api_keys: list[str]) -> Settings:
         proxies = tuple(ipaddress.ip_network(c, strict=False) for c in args.trusted_proxy)
     except ValueError as exc:
         raise ValueError(f"--trusted-proxy: {exc}") from None
+    backends = parse_backends(args.backend)
+    if backends and args.namespace:
+        raise ValueError(
+            "--backend and --namespace exclude each other: without Kubernetes "
+            "there is nothing to watch"
+        )
     return Settings(
+        backends=backends,
         namespaces=tuple(args.namespace),
         routing=args.routing,
         load_factor=args.load_factor,
@@ -187,3 +206,37 @@ def settings(args: argparse.Namespace, api_keys: list[str]) -> Settings:
         names=Policy(parse_reservations(args.reserve), tuple(args.prefer_namespace)),
         trusted_proxies=proxies,
     )
+
+
+def parse_backends(values: list[str]) -> Backends:
+    """`MODEL=URL[,URL...]` values as (model, ("host:port", ...)) in the order first named.
+    ValueError saying which value is wrong: only http:// URLs of a host and port, nothing
+    after them (the gateway sends the request's own path)."""
+    found: dict[str, list[str]] = {}
+    for value in values:
+        model, sep, urls = value.partition("=")
+        if not sep or not model or not urls:
+            raise ValueError(f"--backend {value!r}: expected MODEL=URL[,URL...]")
+        for url in urls.split(","):
+            endpoint = _endpoint(url.strip())
+            if endpoint is None:
+                raise ValueError(
+                    f"--backend {value!r}: {url!r} is not http://host:port (no path, query, "
+                    "user or https: put a TLS proxy in front of the gateway instead)"
+                )
+            servers = found.setdefault(model, [])
+            if endpoint not in servers:
+                servers.append(endpoint)
+    return tuple((model, tuple(servers)) for model, servers in found.items())
+
+
+def _endpoint(url: str) -> str | None:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    plain = not (parts.path.strip("/") or parts.query or parts.fragment or parts.username)
+    if parts.scheme != "http" or not parts.hostname or port is None or not plain:
+        return None
+    return parts.netloc

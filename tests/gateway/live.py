@@ -34,7 +34,12 @@ def spec(replicas: int, autoscaling: bool = True, **scaling: object) -> dict:
 
 def pod_metric(address: str, name: str) -> float:
     """A model server pod's metric `name` from its /metrics, summed over its labels."""
-    text = httpx.get(f"http://{address}:{PORT}/metrics", timeout=5).text
+    return metric_at(f"http://{address}:{PORT}", name)
+
+
+def metric_at(base_url: str, name: str) -> float:
+    """A server's metric `name` from its /metrics, summed over its labels."""
+    text = httpx.get(f"{base_url}/metrics", timeout=5).text
     return sum(
         s.value
         for family in text_string_to_metric_families(text)

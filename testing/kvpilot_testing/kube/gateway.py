@@ -1,5 +1,6 @@
 """The real `kvpilot gateway` as a subprocess on 127.0.0.1, watching one namespace of the real
-control plane under the kubeconfig it is given, started and stopped by PID."""
+control plane under the kubeconfig it is given (or, with neither, routing to the --backend
+servers its args name, with no Kubernetes in its environment), started and stopped by PID."""
 
 import os
 import signal
@@ -16,8 +17,8 @@ from kvpilot_testing.live_server import free_port, terminate
 class Gateway:
     def __init__(
         self,
-        kubeconfig: Path,
-        namespace: str,
+        kubeconfig: Path | None,
+        namespace: str | None,
         log: Path,
         *args: str,
         env: dict[str, str] | None = None,
@@ -30,8 +31,13 @@ class Gateway:
 
     def start(self, timeout: float = 60.0) -> "Gateway":
         cmd = [sys.executable, "-m", "kvpilot_common.cli", "gateway", "--host", "127.0.0.1"]
-        cmd += ["--port", str(self.port), "--namespace", self.namespace, *self.args]
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "POD_NAME": "gateway-test-0"}
+        cmd += ["--port", str(self.port), *self.args]
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env["POD_NAME"] = "gateway-test-0"
+        if self.namespace is not None:
+            cmd += ["--namespace", self.namespace]
+        if self.kubeconfig is not None:
+            env["KUBECONFIG"] = str(self.kubeconfig)
         env |= self.extra_env
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

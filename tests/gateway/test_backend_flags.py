@@ -1,0 +1,55 @@
+"""--backend's values as the gateway reads them: MODEL=URL[,URL...], a model named twice gets
+both lists, and anything but http://host:port is refused with the value named; --namespace
+beside it is refused too (without Kubernetes there is nothing to watch)."""
+
+import argparse
+
+import pytest
+
+from kvpilot_gateway.options import add_gateway_args, parse_backends, settings
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_gateway_args(parser)
+    return parser.parse_args(argv)
+
+
+def test_models_keep_their_servers_in_the_order_named():
+    assert parse_backends(
+        ["a=http://127.0.0.1:8001,http://127.0.0.2:8001", "b=http://[::1]:9000/", "a=http://h:1"]
+    ) == (
+        ("a", ("127.0.0.1:8001", "127.0.0.2:8001", "h:1")),
+        ("b", ("[::1]:9000",)),
+    )
+    assert parse_backends(["a=http://h:1,http://h:1"]) == (("a", ("h:1",)),)
+    # A served name may hold '/' (the first '=' ends it).
+    assert parse_backends(["org/m=http://h:2"]) == (("org/m", ("h:2",)),)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "a",
+        "=http://h:1",
+        "a=",
+        "a=h:1",
+        "a=http://h",
+        "a=https://h:1",
+        "a=http://h:1/v1",
+        "a=http://h:1?x=1",
+        "a=http://user@h:1",
+        "a=http://h:99999",
+        "a=http://h:1,",
+    ],
+)
+def test_anything_but_http_host_port_is_refused_naming_the_value(value):
+    with pytest.raises(ValueError, match="--backend"):
+        parse_backends([value])
+
+
+def test_backends_and_namespaces_exclude_each_other():
+    made = settings(_args("--backend", "m=http://127.0.0.1:8000"), [])
+    assert made.backends == (("m", ("127.0.0.1:8000",)),) and made.namespaces == ()
+    with pytest.raises(ValueError, match="--backend and --namespace"):
+        settings(_args("--backend", "m=http://127.0.0.1:8000", "--namespace", "x"), [])
