@@ -78,6 +78,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    # Output tokens already generated (by a replica that failed mid-stream): the request
+    # continues after them and answers what the uninterrupted run would have (kvpilot's own).
+    continue_from: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -63,6 +63,7 @@ def _serve(
     import asyncio
     from pathlib import Path
 
+    from kvpilot_common import continuation
     from kvpilot_server.api.app import ServerSettings, build_app
 
     settings = ServerSettings(
@@ -75,6 +76,7 @@ def _serve(
         tool_call_parser=args.tool_call_parser,
         lora_dir=Path(args.lora_dir) if args.lora_dir is not None else None,
         lora_config=Path(args.lora_config) if args.lora_config is not None else None,
+        continue_secret=continuation.secret_from_env(),
     )
     app = build_app(engine, settings)
     for name, path in lora_modules.items():

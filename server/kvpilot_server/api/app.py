@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from kvpilot_common import continuation
 from kvpilot_common.errors import InvalidRequestError, KvpilotError
 from kvpilot_common.http.auth import ApiKeyMiddleware
 from kvpilot_common.http.body import read_body
@@ -42,6 +43,7 @@ from kvpilot_server.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    SamplingFields,
     TokenizeRequest,
 )
 from kvpilot_server.api.request_scope import RequestScope
@@ -68,6 +70,9 @@ class ServerSettings:
     lora_dir: Path | None = None
     # A list of adapters to follow (api/adapter_sync.py); None: none.
     lora_config: Path | None = None
+    # What the gateway sends to continue a broken stream here (kvpilot_common.continuation);
+    # None: kvpilot_continue is refused.
+    continue_secret: str | None = None
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
@@ -101,6 +106,20 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         adapters.resolve(parsed.model)  # type: ignore[attr-defined] - 404 for an unknown one
         return parsed
 
+    def continuing(request: Request, parsed: SamplingFields) -> None:
+        """kvpilot_continue only from the gateway: with the secret, for one choice."""
+        if parsed.kvpilot_continue is None:
+            return
+        sent = request.headers.get(continuation.HEADER)
+        if not continuation.authorized(sent, settings.continue_secret):
+            raise InvalidRequestError(
+                "kvpilot_continue is for kvpilot's gateway, which sends this server's "
+                "continuation secret; this request did not",
+                "kvpilot_continue",
+            )
+        if parsed.n != 1:
+            raise InvalidRequestError("kvpilot_continue takes one choice (n=1)", "n")
+
     def generating() -> None:
         if engine.task == "embed":
             raise InvalidRequestError(
@@ -130,6 +149,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
             shape.opened,
         )
         lora = adapters.resolve(parsed.model)
+        continuing(request, parsed)
         return await completions_api.serve(
             request, parsed, prompt, chat=True, headers=headers, shape=shape, lora=lora
         )
@@ -140,6 +160,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         headers = ignored_header(check_extras(parsed, REFUSED_COMPLETIONS))
         prompt = await engine.process(text_prompt, inputs, parsed.prompt, parsed.max_tokens)
         lora = adapters.resolve(parsed.model)
+        continuing(request, parsed)
         return await completions_api.serve(
             request, parsed, prompt, chat=False, headers=headers, lora=lora
         )

@@ -12,6 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -86,9 +87,13 @@ class Completions:
             rejected = isinstance(exc, InvalidRequestError | OverloadedError)
             done(response.status_code, names.OUTCOME_REJECTED if rejected else names.OUTCOME_ERROR)
             return response
-        if shape is not None:
-            shape = dataclasses.replace(shape, request_id=request_id)
-        envelope = responses.Envelope(request_id, lora or self.model, chat, shape)
+        taken_over = parsed.kvpilot_continue  # the stream keeps its id and created
+        response_id = taken_over.id if taken_over else request_id
+        if shape is not None:  # tool calls' ids derive from the response's
+            shape = dataclasses.replace(shape, request_id=response_id)
+        envelope = responses.Envelope(response_id, lora or self.model, chat, shape)
+        if taken_over:
+            envelope.created = taken_over.created
         to_logprobs = responses.chat_logprobs if chat else responses.completion_logprobs
         wants_logprobs = params[0].logprobs is not None
 
@@ -96,7 +101,15 @@ class Completions:
             return to_logprobs(samples, self.tokenizer) if wants_logprobs and samples else None
 
         if parsed.stream:
-            events = _sse(first, stream, outputs, envelope, parsed.include_usage, logprobs, done)
+            events = _sse(
+                first,
+                stream,
+                outputs,
+                envelope,
+                Stream(parsed.include_usage, parsed.return_token_ids, taken_over is not None),
+                logprobs,
+                done,
+            )
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         outputs[first[0]] = first[1]
 
@@ -118,7 +131,7 @@ class Completions:
             to_logprobs(o.outputs[0].logprobs or [], self.tokenizer) if wants_logprobs else None
             for o in finals
         ]
-        return JSONResponse(envelope.full(finals, lps), headers=headers)
+        return JSONResponse(envelope.full(finals, lps, parsed.return_token_ids), headers=headers)
 
     def _choice_params(self, parsed: SamplingFields, prompt_len: int) -> list[SamplingParams]:
         """Each choice's sampling settings, after the per-request cost limits (docs/limits.md):
@@ -185,12 +198,22 @@ async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, None]
     return True
 
 
+@dataclass(frozen=True)
+class Stream:
+    """What a stream adds beyond the text: the usage chunk at the end, token ids on each chunk,
+    and whether it continues one another replica began (kvpilot_continue)."""
+
+    include_usage: bool
+    token_ids: bool
+    continued: bool
+
+
 async def _sse(
     first: Choice,
     rest: AsyncIterator[Choice],
     outputs: list[RequestOutput | None],
     envelope: responses.Envelope,
-    include_usage: bool,
+    stream: Stream,
     logprobs: Callable[[list], dict | None],
     done: Callable[[int, str | None], None],
 ) -> AsyncIterator[str]:
@@ -198,7 +221,17 @@ async def _sse(
         return f"data: {json.dumps(body)}\n\n"
 
     sent = [0] * len(outputs)  # logprobs already streamed, per choice
-    opened: set[int] = set()  # choices whose first chunk (carrying the role) went out
+    # Token ids not yet on a chunk, per choice: an output whose text is held back (half a
+    # character, a possible stop string) sends nothing, and its ids ride on the next chunk.
+    pending: list[list[int]] = [[] for _ in outputs]
+    # Choices whose first chunk (carrying the role) went out: a continued stream's did, from
+    # the replica that began it.
+    opened: set[int] = set(range(len(outputs))) if stream.continued else set()
+    if stream.continued:  # the chat parser reads what the client already has, sending nothing
+        done_text = first[1].outputs[0].text
+        envelope.shape.deltas(
+            0, done_text[: len(done_text) - len(first[1].outputs[0].delta_text)], False
+        )
     item: Choice | None = first
     try:
         while item is not None:
@@ -206,11 +239,17 @@ async def _sse(
             outputs[index] = output
             samples = (output.outputs[0].logprobs or [])[sent[index] :]
             sent[index] += len(samples)
+            pending[index] += output.outputs[0].delta_token_ids
             opening = index not in opened
             if output.outputs[0].delta_text or output.finished or opening:
                 opened.add(index)
-                for body in envelope.chunks(index, output, logprobs(samples), opening):
+                ids = pending[index] if stream.token_ids else None
+                for body in envelope.chunks(index, output, logprobs(samples), opening, ids):
+                    if opening and stream.token_ids:
+                        body["prompt_token_ids"] = output.prompt_token_ids
+                        opening = False
                     yield event(body)
+                pending[index] = []
             item = await anext(rest, None)
     except Exception as exc:  # mid-stream failure: say so in the stream, in OpenAI's shape
         done(200, names.OUTCOME_ERROR)
@@ -220,6 +259,6 @@ async def _sse(
         raise
     else:
         done(200, None)
-        if include_usage:
+        if stream.include_usage:
             yield event(envelope.usage_chunk(outputs))  # type: ignore[arg-type]
     yield "data: [DONE]\n\n"

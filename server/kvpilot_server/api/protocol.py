@@ -63,6 +63,15 @@ class StreamOptions(Body):
     include_usage: bool = False
 
 
+class Continuation(Body):
+    """kvpilot_continue: the gateway's takeover of a stream whose replica failed. The output
+    tokens the client already has, and the response's id and created, which the rest keeps."""
+
+    token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    id: Annotated[str, Field(min_length=1, max_length=128)]
+    created: Annotated[int, Field(ge=0)]
+
+
 class SamplingFields(Body, StructuredFields):
     """Fields shared by chat and text completions (OpenAI's, plus vLLM's extras)."""
 
@@ -90,6 +99,11 @@ class SamplingFields(Body, StructuredFields):
     priority: int = 0  # vLLM semantics, lower is more important: above 0 selects the batch class
     # Token id (as a string, OpenAI's JSON) -> a bias added to its logit before sampling.
     logit_bias: Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    # vLLM's: each choice carries its token ids (a stream chunk: the ones its text came from),
+    # and the response its prompt's.
+    return_token_ids: bool = False
+    # kvpilot's own, honoured only with the server's continuation secret (api/continuation.py).
+    kvpilot_continue: Continuation | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -109,6 +123,7 @@ class SamplingFields(Body, StructuredFields):
             logprobs=logprobs,
             logit_bias=self._logit_bias(),
             structured_outputs=self.structured_spec(),
+            continue_from=tuple(self.kvpilot_continue.token_ids) if self.kvpilot_continue else (),
         )
 
     def _logit_bias(self) -> dict[int, float] | None:

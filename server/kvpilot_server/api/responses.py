@@ -76,10 +76,14 @@ class Envelope:
             **extra,
         }
 
-    def full(self, outputs: list[RequestOutput], logprobs: list[dict | None]) -> dict[str, Any]:
+    def full(
+        self, outputs: list[RequestOutput], logprobs: list[dict | None], token_ids: bool = False
+    ) -> dict[str, Any]:
         choices = []
         for index, (output, lp) in enumerate(zip(outputs, logprobs, strict=True)):
             choice = {"index": index, "logprobs": lp, "finish_reason": finish_reason(output)}
+            if token_ids:
+                choice["token_ids"] = list(output.outputs[0].token_ids)
             text = output.outputs[0].text
             if self.chat:
                 choice["message"], called = self.shape.message(index, text)
@@ -89,22 +93,30 @@ class Envelope:
                 choice["text"] = text
             choices.append(choice)
         obj = "chat.completion" if self.chat else "text_completion"
-        return self.body(obj, choices, usage=usage(outputs))
+        extra = {"prompt_token_ids": outputs[0].prompt_token_ids} if token_ids else {}
+        return self.body(obj, choices, usage=usage(outputs), **extra)
 
     def chunks(
-        self, index: int, output: RequestOutput, logprobs: dict | None, first: bool = False
+        self,
+        index: int,
+        output: RequestOutput,
+        logprobs: dict | None,
+        first: bool = False,
+        token_ids: list[int] | None = None,
     ) -> list[dict[str, Any]]:
         """The chunks one engine output adds to choice `index`: one, or for chat as many as
         the text holds kinds of delta (content, reasoning, each call's start and arguments);
-        the logprobs ride on the first, the finish reason on the last."""
+        the logprobs and `token_ids` (given: return_token_ids) ride on the first, the finish
+        reason on the last."""
         text = output.outputs[0].delta_text
         reason = finish_reason(output) if output.finished else None
+        ids = {} if token_ids is None else {"token_ids": token_ids}
         if not self.chat:
             choice = {"index": index, "logprobs": logprobs, "finish_reason": reason, "text": text}
-            return [self.body("text_completion", [choice])]
+            return [self.body("text_completion", [choice | ids])]
         deltas = self.shape.deltas(index, text, output.finished)
         if not deltas:  # text held back (a marker may be starting): only role or end to send
-            if not (first or output.finished or logprobs):
+            if not (first or output.finished or logprobs or token_ids):
                 return []
             deltas = [{"content": ""}]
         if first:
@@ -120,7 +132,7 @@ class Envelope:
                 "finish_reason": reason if last else None,
                 "delta": delta,
             }
-            bodies.append(self.body("chat.completion.chunk", [choice]))
+            bodies.append(self.body("chat.completion.chunk", [choice | (ids if i == 0 else {})]))
         return bodies
 
     def usage_chunk(self, outputs: list[RequestOutput]) -> dict[str, Any]:

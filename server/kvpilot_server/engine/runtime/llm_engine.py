@@ -178,7 +178,7 @@ class LLMEngine:
         seq = Sequence(request_id, token_ids, params, max_tokens, priority)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
-        self.requests[request_id] = Request(
+        request = Request(
             seq=seq,
             prompt=prompt if isinstance(prompt, str) else None,
             prompt_token_ids=list(token_ids),
@@ -196,8 +196,26 @@ class LLMEngine:
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
             matcher=grammar.matcher() if grammar is not None else None,
         )
+        if params.continue_from:
+            self._continue(request, list(params.continue_from))
+        self.requests[request_id] = request
         self._use_adapter(request_id, lora)
         self.scheduler.add(seq)
+
+    def _continue(self, request: Request, output: list[int]) -> None:
+        """A generation taken over after `output` (another replica's, cut short): the tokens
+        become the sequence's first outputs, as if sampled here (the budget, penalties, the
+        grammar and stop strings see them), their text counted as already sent."""
+        self.inputs.check_ids(output, "continue_from")
+        seq = request.seq
+        if len(seq) + len(output) >= min(self.max_model_len, len(seq) + seq.max_tokens):
+            raise InvalidRequestError(
+                "continue_from: the tokens already generated leave no budget to continue",
+                "continue_from",
+            )
+        for token in output:
+            seq.token_ids.append(token)
+            request.replay(token)
 
     def _use_adapter(self, request_id: str, lora: str | None) -> None:
         """Give the request's sequence its adapter (checked last: nothing else can refuse it)."""
@@ -331,7 +349,6 @@ class LLMEngine:
         self.scheduler.remove(request.seq)
         if request.seq.adapter:
             self.lora.done(request.seq.adapter)  # type: ignore[union-attr]
-        self.sampler.forget(request.seq)
         del self.requests[request.seq.request_id]
         return request.take_output()
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import llguidance
 
+from kvpilot_common.errors import InvalidRequestError
 from kvpilot_server.engine.runtime.detokenizer import Detokenizer
 from kvpilot_server.engine.runtime.pooling import Pooler
 from kvpilot_server.engine.runtime.sequence import Sequence
@@ -63,6 +64,17 @@ class Request:
             self.finish("stop")  # the grammar is complete: nothing but an end may follow
         elif seq.num_output_tokens >= seq.max_tokens or len(seq) >= self.max_model_len:
             self.finish("length")
+
+    def replay(self, token: int) -> None:
+        """Take in a token generated before this request began (SamplingParams.continue_from):
+        the detokenizer and the grammar advance, and its text is not sent again."""
+        self.detokenizer.add(token)
+        if self.matcher is not None and not self.matcher.consume_token(token):
+            raise UnsatisfiableError(self.matcher.get_error())
+        if self.finished or self.detokenizer.stop_reason is not None:
+            raise InvalidRequestError(
+                "continue_from: the generation had already ended", "continue_from"
+            )
 
     def add_prompt_logprobs(self, first_position: int, samples: list[Sample]) -> None:
         """Logprobs of prompt tokens from `first_position` on. A preempted request recomputes

@@ -3,10 +3,14 @@
 A structured-output row's disallowed tokens are masked to -inf first (engine/structured/masks.py),
 so every mode below, and the logprobs, see the constrained distribution, as in vLLM.
 Greedy batches without penalties take one argmax over the batch. Everything else goes row by
-row: each seeded request draws from its own generator, so its samples do not depend on what
-else shares the batch. A row that cannot be sampled comes back as its exception, so one
-request's extreme settings fail that request alone.
+row. A seeded request's draw at output position k comes from a generator seeded with (seed, k),
+not from one generator's history: its samples do not depend on what else shares the batch, and
+a continuation from position k (continue_from: another replica taking over a broken stream)
+draws exactly what the uninterrupted run would have. A row that cannot be sampled comes back as
+its exception, so one request's extreme settings fail that request alone.
 """
+
+import hashlib
 
 import torch
 
@@ -21,10 +25,6 @@ class Sampler:
     def __init__(self, eos_token_ids: list[int], seed: int = 0) -> None:
         self.eos_token_ids = eos_token_ids
         self.generator = torch.Generator().manual_seed(seed)
-        self.seeded: dict[int, torch.Generator] = {}  # seq_id -> the request's own generator
-
-    def forget(self, seq: Sequence) -> None:
-        self.seeded.pop(seq.seq_id, None)
 
     def sample(
         self, logits: torch.Tensor, seqs: list[Sequence], masks: StepMasks | None = None
@@ -75,9 +75,7 @@ class Sampler:
     def _generator(self, seq: Sequence) -> torch.Generator:
         if seq.params.seed is None:
             return self.generator
-        if seq.seq_id not in self.seeded:
-            self.seeded[seq.seq_id] = torch.Generator().manual_seed(seq.params.seed)
-        return self.seeded[seq.seq_id]
+        return position_generator(seq.params.seed, seq.num_output_tokens)
 
     @staticmethod
     def prompt_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[Sample]:
@@ -100,6 +98,13 @@ class Sampler:
         if k is None:
             return Sample(token)
         return cls.prompt_logprobs(logits[None], [token], k)[0]
+
+
+def position_generator(seed: int, position: int) -> torch.Generator:
+    """The generator of a seeded request's draw at output `position`: (seed, position) hashed
+    to a 64-bit seed, so neighbouring seeds and positions give unrelated streams."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
