@@ -31,6 +31,7 @@ def servers(tiny_dir) -> Iterator[list]:
         for proc, _ in started:
             if proc.poll() is None:
                 stop_server(proc)
+            proc.log.close()  # a killed one's too
 
 
 def _cards(gateway: Gateway) -> list[tuple]:
