@@ -16,4 +16,6 @@ def secret_from_env() -> str | None:
 
 def authorized(sent: str | None, secret: str | None) -> bool:
     """The header's value is the secret (compared in constant time); nothing is without one."""
-    return bool(secret) and sent is not None and hmac.compare_digest(sent, secret)  # type: ignore[arg-type]
+    if not secret or sent is None:
+        return False
+    return hmac.compare_digest(sent.encode(), secret.encode())

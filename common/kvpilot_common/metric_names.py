@@ -103,3 +103,4 @@ GATEWAY_IN_FLIGHT = "kvpilot_gateway_requests_in_flight"
 GATEWAY_UPSTREAM_SECONDS = "kvpilot_gateway_upstream_latency_seconds"
 GATEWAY_ROUTING = "kvpilot_gateway_routing_decisions_total"  # and reason
 GATEWAY_RETRIES = "kvpilot_gateway_upstream_retries_total"
+GATEWAY_RESUMES = "kvpilot_gateway_stream_resumes_total"  # and reason

@@ -24,10 +24,11 @@ from kvpilot_common.errors import KvpilotError, ModelNotFoundError, OverloadedEr
 from kvpilot_common.http.auth import ApiKeyMiddleware
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
-from kvpilot_gateway import adapters, headers, target
+from kvpilot_gateway import adapters, headers, resume, target
 from kvpilot_gateway.balance import Balancer
 from kvpilot_gateway.budget import BodyBudget, Lease
 from kvpilot_gateway.catalog import Catalog, Key, Model
+from kvpilot_gateway.failover import Failover
 from kvpilot_gateway.holding import Holds, StartingError
 from kvpilot_gateway.load import Loads
 from kvpilot_gateway.metrics import GatewayMetrics
@@ -119,6 +120,9 @@ def build_app(state: State) -> Starlette:
         labels = model.key
         count = metrics.requests.labels
         body = target.renamed(wanted, model.served).body  # the replica knows only its name
+        resumable = wanted.resumable and settings.continue_secret and settings.max_resumes > 0
+        if resumable:  # its token ids tell another replica where to go on (resume.py)
+            body = resume.with_fields(body, {"return_token_ids": True})
         key = wanted.key
         tried: set[str] = set()
         for attempt in range(settings.retries + 1):
@@ -202,21 +206,33 @@ def build_app(state: State) -> Starlette:
                 tried.add(endpoint)
                 continue
             metrics.upstream_seconds.labels(*labels).observe(time.perf_counter() - started)
-            done = _finish(endpoint, model, upstream.status)
-            return Passthrough(upstream, done, settings.upstream_idle_timeout)
+            path = request.url.path
+            failover = Failover(state, model, key, path, body, sent, endpoint)
+            done = _finish(failover, model, upstream.status)
+            if not resumable:
+                return Passthrough(upstream, done, settings.upstream_idle_timeout)
+            tracker = resume.Tracker(keep_ids=wanted.token_ids)
+            return Passthrough(
+                upstream,
+                done,
+                settings.upstream_idle_timeout,
+                tracker,
+                failover,
+                settings.max_resumes,
+            )
         count(*labels, "upstream_error").inc()
         return _with_retry_after(
             503, f"No replica of the model {model.served!r} answered; retry the request", 1
         )
 
-    def _finish(endpoint: str, model: Model, status: int) -> Callable[[str], None]:
+    def _finish(failover: Failover, model: Model, status: int) -> Callable[[str], None]:
         gauge = metrics.in_flight.labels(*model.key)
         gauge.inc()
 
         def done(outcome: str) -> None:
             state.in_flight -= 1
             gauge.dec()
-            state.loads.end(endpoint)
+            failover.end()  # the load of whichever replica holds the request now
             if outcome == "ok" and status >= 400:
                 outcome = f"{status // 100}xx"
             metrics.requests.labels(*model.key, outcome).inc()

@@ -10,6 +10,7 @@ the gateway saw, so a replica's logs and rate limits see the real peer.
 import ipaddress
 from collections.abc import Sequence
 
+from kvpilot_common import continuation
 from kvpilot_gateway.options import Network
 
 Headers = list[tuple[bytes, bytes]]
@@ -29,6 +30,7 @@ HOP_HEADERS = frozenset(
         b"content-length",
     }
 )
+_SECRET = continuation.HEADER.encode()
 FORWARDING = frozenset(
     {b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"x-real-ip"}
 )
@@ -74,7 +76,9 @@ def to_replica(
         if k.lower() in FORWARDING:  # repeated headers are one list (RFC 9110 5.3)
             before = claimed.get(k.lower())
             claimed[k.lower()] = before + b", " + v if before else v
-    out = [(k, v) for k, v in kept if k.lower() not in FORWARDING]
+    # A client's continuation secret never passes: only the gateway's own continuations carry
+    # one (resume.py).
+    out = [(k, v) for k, v in kept if k.lower() not in FORWARDING and k.lower() != _SECRET]
     host = next((v for k, v in headers if k.lower() == b"host"), b"")
     peer = peer or "unknown"
     chain = claimed.get(b"x-forwarded-for")

@@ -56,6 +56,13 @@ class GatewayMetrics:
             [*LABELS, "reason"],
             registry=r,
         )
+        self.resumes = Counter(
+            names.GATEWAY_RESUMES,
+            "Streams continued on another replica after theirs broke mid-stream, by why it "
+            "broke (connection, idle_timeout, error_event, ended_early)",
+            [*LABELS, "reason"],
+            registry=r,
+        )
         self.retries = Counter(
             names.GATEWAY_RETRIES,
             "Attempts sent to another replica after one failed before answering (one request "

@@ -8,6 +8,7 @@ import socket
 import urllib.parse
 from dataclasses import dataclass, field
 
+from kvpilot_common import continuation
 from kvpilot_common.http.limits import BODY_TIMEOUT, add_http_limit_args
 from kvpilot_gateway.names import Policy, parse_reservations
 
@@ -32,6 +33,9 @@ class Settings:
     upstream_timeout: float = 600.0
     upstream_idle_timeout: float = 120.0  # silence between two chunks of an answer
     retries: int = 2  # other replicas tried when one fails before answering
+    max_resumes: int = 2  # times one stream may go on from another replica (resume.py)
+    # Shared with the servers (kvpilot_common.continuation); None: streams do not resume.
+    continue_secret: str | None = None
     gateway_id: str = "gateway"
     api_keys: tuple[str, ...] = ()
     body_timeout: float = BODY_TIMEOUT
@@ -154,6 +158,13 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         help="other replicas tried when one fails before sending its first byte",
     )
     parser.add_argument(
+        "--max-resumes",
+        type=int,
+        default=Settings.max_resumes,
+        help="times one stream whose replica breaks mid-stream may go on from another "
+        f"(needs ${continuation.ENV}, the servers' too; 0: never)",
+    )
+    parser.add_argument(
         "--api-key-file",
         help="file of API keys clients must send (also: KVPILOT_API_KEYS=key1,key2); "
         "/health, /ready and /metrics stay open",
@@ -197,6 +208,8 @@ def settings(args: argparse.Namespace, api_keys: list[str]) -> Settings:
         hold_timeout=args.hold_timeout,
         scrape_interval=args.scrape_interval,
         retries=args.retries,
+        max_resumes=args.max_resumes,
+        continue_secret=continuation.secret_from_env(),
         gateway_id=args.gateway_id,
         api_keys=tuple(api_keys),
         body_timeout=args.body_timeout,

@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from kvpilot_common.http.errors import error_body
 from kvpilot_gateway.headers import end_to_end
+from kvpilot_gateway.resume import Tracker
 
 T = TypeVar("T")
 
@@ -58,16 +59,31 @@ class UpstreamTimeout(Exception):
     """The replica took the request but sent nothing within the upstream timeout."""
 
 
+# Given a resumable stream's tracker and why its replica broke, the next replica's response
+# (its body still to read), or None when no other replica takes it (resume.py).
+Resume = Callable[[Tracker, str], Awaitable[aiohttp.ClientResponse | None]]
+
+
 class Passthrough:
     """The ASGI response that relays an upstream aiohttp response whose body is still to read.
-    `done(outcome)` runs once at the end: ok, client_closed or upstream_error."""
+    `done(outcome)` runs once at the end: ok, client_closed or upstream_error. With a tracker
+    and `resume`, a stream that breaks goes on from another replica, up to `max_resumes`
+    times."""
 
     def __init__(
-        self, upstream: aiohttp.ClientResponse, done: Callable[[str], None], idle_timeout: float
+        self,
+        upstream: aiohttp.ClientResponse,
+        done: Callable[[str], None],
+        idle_timeout: float,
+        tracker: Tracker | None = None,
+        resume: Resume | None = None,
+        max_resumes: int = 0,
     ) -> None:
         self.upstream, self.done, self.idle_timeout = upstream, done, idle_timeout
         content_type = upstream.headers.get("content-type", "")
         self.sse = content_type.startswith("text/event-stream")
+        self.tracker = tracker if self.sse and upstream.status == 200 else None
+        self.resume, self.max_resumes = resume, max_resumes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome = "upstream_error"
@@ -101,6 +117,8 @@ class Passthrough:
             self.done(outcome)
 
     async def _relay(self, send: Send) -> str:
+        if self.tracker is not None:
+            return await self._relay_resumable(send, self.tracker)
         content = self.upstream.content
         try:
             while chunk := await asyncio.wait_for(content.readany(), self.idle_timeout):
@@ -108,18 +126,52 @@ class Passthrough:
         except UPSTREAM_ERRORS as exc:
             timed_out = type(exc) is TimeoutError  # wait_for's, not a socket's
             if self.sse:
-                event = (
-                    error_event(
-                        f"The model replica sent nothing for {self.idle_timeout:g} s; "
-                        "retry the request",
-                        504,
-                    )
-                    if timed_out
-                    else error_event("The model replica failed mid-stream; retry the request")
-                )
+                event = self._broken(timed_out)
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             return "upstream_timeout" if timed_out else "upstream_error"
         return "ok"
+
+    async def _relay_resumable(self, send: Send, tracker: Tracker) -> str:
+        resumes = 0
+        while True:
+            broke = await self._relay_events(send, tracker)
+            if broke is None:
+                return "ok"
+            if self.resume is not None and resumes < self.max_resumes:
+                upstream = await self.resume(tracker, broke)
+                if upstream is not None:
+                    self.upstream.close()
+                    self.upstream, resumes = upstream, resumes + 1
+                    tracker.restart()
+                    continue
+            timed_out = broke == "idle_timeout"
+            event = self._broken(timed_out)
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            return "upstream_timeout" if timed_out else "upstream_error"
+
+    def _broken(self, timed_out: bool) -> bytes:
+        """The error event that ends a stream no replica could finish."""
+        if timed_out:
+            return error_event(
+                f"The model replica sent nothing for {self.idle_timeout:g} s; retry the request",
+                504,
+            )
+        return error_event("The model replica failed mid-stream; retry the request")
+
+    async def _relay_events(self, send: Send, tracker: Tracker) -> str | None:
+        """Relay the current replica's whole events to its end: None when the stream is
+        complete, else why it broke (connection, idle_timeout, error_event, ended_early)."""
+        content = self.upstream.content
+        try:
+            while chunk := await asyncio.wait_for(content.readany(), self.idle_timeout):
+                relayed, failed = tracker.feed(chunk)
+                if relayed:
+                    await send({"type": "http.response.body", "body": relayed, "more_body": True})
+                if failed:
+                    return "error_event"
+        except UPSTREAM_ERRORS as exc:
+            return "idle_timeout" if type(exc) is TimeoutError else "connection"
+        return None if tracker.done else "ended_early"
 
 
 async def open_upstream(

@@ -19,6 +19,7 @@ UTF-8, lone surrogate escapes, nesting past the interpreter's recursion limit, N
 Infinity.
 """
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -29,7 +30,10 @@ from kvpilot_gateway.balance import prefix_key
 
 # The keys prefix_key() and the model lookup read, at any depth; every other key is dropped as
 # its object is parsed.
-ROUTING_KEYS = frozenset({"model", "messages", "prompt", "role", "content", "type", "text"})
+ROUTING_KEYS = frozenset(
+    {"model", "messages", "prompt", "role", "content", "type", "text"}
+    | {"stream", "n", "return_token_ids"}  # whether a stream can resume elsewhere (resume.py)
+)
 # A \uD800-\uDFFF escape whose backslash is not itself escaped; group 1: its four hex digits.
 _SURROGATE = re.compile(rb"(?<!\\)(?:\\\\)*\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
 
@@ -39,6 +43,8 @@ class Target:
     model: str  # as the client named it
     key: bytes | None  # prefix_key() of the body; None without prefix routing
     body: bytes  # what the replica gets
+    resumable: bool = False  # a stream of one choice: it can go on from another replica
+    token_ids: bool = False  # the client asked for token ids itself (return_token_ids)
 
 
 # Bytes the parse builds, at most, per array (a list and its slot), per object (cut to None by
@@ -111,7 +117,8 @@ def parse(body: bytes, prefix_chars: int | None) -> Target:
     if not isinstance(model, str) or not model:
         raise InvalidRequestError("model: a model name is required", "model")
     key = prefix_key(parsed, prefix_chars) if prefix_chars is not None else None
-    return Target(model, key, body)
+    resumable = parsed.get("stream") is True and parsed.get("n", 1) in (1, None)
+    return Target(model, key, body, resumable, parsed.get("return_token_ids") is True)
 
 
 def renamed(target: Target, served: str) -> Target:
@@ -121,4 +128,4 @@ def renamed(target: Target, served: str) -> Target:
     if target.model == served:
         return target
     body = json.dumps({**json.loads(target.body), "model": served}).encode()
-    return Target(served, target.key, body)
+    return dataclasses.replace(target, model=served, body=body)

@@ -67,7 +67,7 @@ class Continuation(Body):
     """kvpilot_continue: the gateway's takeover of a stream whose replica failed. The output
     tokens the client already has, and the response's id and created, which the rest keeps."""
 
-    token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    token_ids: list[Annotated[int, Field(ge=0)]]  # none yet: only the role chunk went out
     id: Annotated[str, Field(min_length=1, max_length=128)]
     created: Annotated[int, Field(ge=0)]
 

@@ -1,0 +1,142 @@
+"""Mid-stream failover on loopback: two real `kvpilot serve` of the tiny model behind the real
+gateway (`--backend`, the continuation secret shared through the environment). The server
+answering a stream is killed (SIGKILL) right after the client's first chunk; the client, the
+official openai client, reads on and gets exactly what an uninterrupted run gives, text, token
+ids and usage, greedy and sampled with a seed, and the gateway counts one resume. A non-streamed
+request whose server is killed mid-generation is sent again to the other and answers the same."""
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from kvpilot_common import continuation
+from kvpilot_common import metric_names as names
+from kvpilot_testing.kube.cluster import wait_for
+from kvpilot_testing.kube.gateway import Gateway
+from kvpilot_testing.live_server import start_tiny_server, stop_server
+from tests.gateway.live import metric_at
+
+SECRET = "shared-by-gateway-and-servers"
+LONG = ["--max-model-len", "1024", "--kv-cache-bytes", "64MiB"]
+ASK = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "Tell me everything"}],
+    "max_tokens": 600,  # long enough that the kill lands mid-stream
+    "extra_body": {"ignore_eos": True, "return_token_ids": True},
+}
+
+
+class Servers:
+    def __init__(self, model_dir) -> None:
+        self.model_dir = model_dir
+        self.running: list = [start_tiny_server(model_dir, *LONG) for _ in range(2)]
+
+    def urls(self) -> list[str]:
+        return [base for _, base in self.running]
+
+    def busy(self) -> int:
+        """The one generating now."""
+        return (
+            wait_for(
+                "a server generating",
+                lambda: next(
+                    (
+                        i + 1
+                        for i, u in enumerate(self.urls())
+                        if metric_at(u, names.REQUESTS_RUNNING)
+                    ),
+                    None,
+                ),
+                timeout=10,
+                interval=0.01,
+            )
+            - 1
+        )
+
+    def kill(self, index: int) -> None:
+        proc, _ = self.running[index]
+        proc.kill()
+        proc.wait()
+        proc.log.close()
+
+    def stop(self) -> None:
+        for proc, _ in self.running:
+            if proc.poll() is None:
+                stop_server(proc)
+            proc.log.close()
+
+
+@pytest.fixture
+def setup(tiny_dir, tmp_path) -> Iterator[tuple[Servers, Gateway, openai.OpenAI]]:
+    os.environ[continuation.ENV] = SECRET
+    servers = gateway = None
+    try:
+        servers = Servers(tiny_dir("llama"))
+        backends = "tiny=" + ",".join(servers.urls())
+        gateway = Gateway(None, None, tmp_path / "gateway.log", "--backend", backends)
+        gateway.args += ("--scrape-interval", "0.2", "--routing", "least-load")
+        gateway.start()
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="-", max_retries=0)
+        yield servers, gateway, client
+    finally:
+        del os.environ[continuation.ENV]
+        if gateway is not None:
+            gateway.stop()
+            print(gateway.log()[-3000:])
+        if servers is not None:
+            servers.stop()
+
+
+def _read(chunks) -> tuple[str, list[int], object]:
+    text, ids, usage = "", [], None
+    for chunk in chunks:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            ids += choice.model_extra["token_ids"]
+    return text, ids, usage
+
+
+def _stream(client, sampling: dict):
+    return client.chat.completions.create(
+        **ASK, **sampling, stream=True, stream_options={"include_usage": True}
+    )
+
+
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 17}], ids=["greedy", "seeded"]
+)
+def test_a_stream_whose_server_is_killed_goes_on_from_the_other_unchanged(setup, sampling):
+    servers, gateway, client = setup
+    expected = _read(_stream(client, sampling))
+    assert len(expected[1]) == expected[2].completion_tokens == 600
+
+    chunks = iter(_stream(client, sampling))
+    first = next(chunks)
+    servers.kill(servers.busy())
+    got = _read([first, *chunks])
+    assert got[0] == expected[0] and got[1] == expected[1]
+    assert got[2].completion_tokens == 600 and got[2].prompt_tokens == expected[2].prompt_tokens
+    assert gateway.metric(names.GATEWAY_RESUMES) == 1
+
+
+def test_a_non_streamed_request_whose_server_is_killed_is_answered_by_the_other(setup):
+    servers, gateway, client = setup
+    sampling = {"temperature": 0.8, "seed": 5}
+    expected = client.chat.completions.create(**ASK, **sampling)
+    answers: list = []
+    asking = threading.Thread(
+        target=lambda: answers.append(client.chat.completions.create(**ASK, **sampling))
+    )
+    started = time.monotonic()
+    asking.start()
+    servers.kill(servers.busy())
+    asking.join(timeout=120)
+    assert answers, f"no answer after {time.monotonic() - started:.0f} s"
+    assert answers[0].choices[0].message.content == expected.choices[0].message.content
+    assert answers[0].usage.completion_tokens == 600
+    assert gateway.metric(names.GATEWAY_RETRIES) == 1
