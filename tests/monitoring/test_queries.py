@@ -106,6 +106,8 @@ def _gateway(metrics: GatewayMetrics, tick: int) -> None:
     metrics.routing.labels(*labels, "overflow" if tick % 3 == 0 else "affinity").inc()
     if tick % 2 == 0:
         metrics.retries.labels(*labels).inc()
+    if tick % 3 == 1:
+        metrics.resumes.labels(*labels, "connection" if tick % 2 else "ended_early").inc()
 
 
 def _operator(deadline: float, gateway: GatewayMetrics) -> None:

@@ -195,4 +195,21 @@ def gateway() -> dashboard.Dashboard:
                 width=8,
             )
         )
+        .with_panel(
+            panel(
+                "Stream resumes/s by reason",
+                "Streams continued on another replica after theirs broke mid-stream: the "
+                "connection failed (connection), it went silent (idle_timeout), it sent a "
+                "server-side error event (error_event) or it closed before the end "
+                "(ended_early). The client saw one uninterrupted stream.",
+                [
+                    (
+                        f"sum by (model, reason) ({rate(names.GATEWAY_RESUMES, GATEWAY)})",
+                        "{{model}} {{reason}}",
+                    )
+                ],
+                unit="reqps",
+                width=8,
+            )
+        )
     )
