@@ -120,7 +120,7 @@ def build_app(state: State) -> Starlette:
         labels = model.key
         count = metrics.requests.labels
         body = target.renamed(wanted, model.served).body  # the replica knows only its name
-        resumable = wanted.resumable and settings.continue_secret and settings.max_resumes > 0
+        resumable = bool(wanted.resumable and settings.continue_secret and settings.max_resumes)
         if resumable:  # its token ids tell another replica where to go on (resume.py)
             body = resume.with_fields(body, {"return_token_ids": True})
         key = wanted.key
