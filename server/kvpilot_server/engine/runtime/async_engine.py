@@ -30,7 +30,7 @@ from kvpilot_common.errors import (
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.runtime.inputs import InputProcessor
 from kvpilot_server.engine.runtime.llm_engine import EngineStats, LLMEngine
-from kvpilot_server.engine.runtime.sequence import Priority
+from kvpilot_server.engine.runtime.sequence import ANONYMOUS, Priority, Tenant
 from kvpilot_server.engine.structured.grammar import Grammar
 from kvpilot_server.outputs import RequestOutput
 from kvpilot_server.pooling_params import PoolingParams
@@ -154,6 +154,7 @@ class AsyncEngine:
         request_id: str | None = None,
         priority: Priority = Priority.INTERACTIVE,
         lora: str | None = None,  # a loaded adapter's name
+        tenant: Tenant = ANONYMOUS,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come; raises bad-input errors before the first one."""
         if not self.alive:
@@ -163,7 +164,7 @@ class AsyncEngine:
         outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         try:
             await self._call(
-                loop, self._add, request_id, prompt, params, priority, lora, loop, outputs
+                loop, self._add, request_id, prompt, params, (priority, lora, tenant), loop, outputs
             )
         except asyncio.CancelledError:
             self.abort(request_id)  # the add may already have happened
@@ -254,8 +255,9 @@ class AsyncEngine:
         finally:
             self.engine.close()  # tensor-parallel workers: stopped from the thread that steps
 
-    def _add(self, request_id, prompt, params, priority, lora, loop, outputs) -> None:
-        self.engine.add_request(request_id, prompt, params, priority, lora=lora)
+    def _add(self, request_id, prompt, params, whose, loop, outputs) -> None:
+        priority, lora, tenant = whose
+        self.engine.add_request(request_id, prompt, params, priority, lora=lora, tenant=tenant)
         self._streams[request_id] = (loop, outputs)
 
     def _abort(self, request_id: str) -> None:

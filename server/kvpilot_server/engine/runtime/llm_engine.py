@@ -44,7 +44,7 @@ from kvpilot_server.engine.runtime.model_runner import ModelRunner
 from kvpilot_server.engine.runtime.request import Request
 from kvpilot_server.engine.runtime.sampler import Sampler
 from kvpilot_server.engine.runtime.scheduler import Scheduler
-from kvpilot_server.engine.runtime.sequence import Priority, Sequence
+from kvpilot_server.engine.runtime.sequence import ANONYMOUS, Priority, Sequence, Tenant
 from kvpilot_server.engine.structured.grammar import GrammarCompiler
 from kvpilot_server.engine.structured.masks import MaskWorker, StepMasks
 from kvpilot_server.models.resolve import resolve_model
@@ -153,6 +153,7 @@ class LLMEngine:
         priority: Priority = Priority.INTERACTIVE,
         arrival_time: float | None = None,
         lora: str | None = None,  # a loaded adapter's name; None: the base model
+        tenant: Tenant = ANONYMOUS,
     ) -> None:
         if request_id in self.requests:
             raise InvalidRequestError(f"Request id {request_id!r} is already in use")
@@ -166,7 +167,8 @@ class LLMEngine:
             raise AdapterError(f"no LoRA adapter named {lora!r} is loaded")
         token_ids = self.inputs.encode(prompt)
         if isinstance(params, PoolingParams):
-            self._add_embedding(request_id, prompt, token_ids, params, priority, arrival_time)
+            seq = Sequence(request_id, token_ids, _POOLED, 0, priority, pooled=True, tenant=tenant)
+            self._add_embedding(seq, prompt, params, arrival_time)
             self._use_adapter(request_id, lora)
             return
         max_tokens = self.inputs.max_tokens(len(token_ids), params)
@@ -175,7 +177,7 @@ class LLMEngine:
         structured = params.structured_outputs
         # The server compiled it off this thread already; the offline LLM compiles here.
         grammar = self.grammars.compile(structured) if structured is not None else None
-        seq = Sequence(request_id, token_ids, params, max_tokens, priority)
+        seq = Sequence(request_id, token_ids, params, max_tokens, priority, tenant=tenant)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         request = Request(
@@ -223,11 +225,11 @@ class LLMEngine:
             assert self.lora is not None
             self.requests[request_id].seq.adapter = self.lora.use(lora)
 
-    def _add_embedding(self, request_id, prompt, token_ids, params, priority, arrival_time) -> None:
+    def _add_embedding(self, seq: Sequence, prompt, params, arrival_time) -> None:
         assert self.pooling is not None
         self.pooling.check(params)
-        self.inputs.check_prompt_length(len(token_ids))
-        seq = Sequence(request_id, token_ids, _POOLED, 0, priority, pooled=True)
+        self.inputs.check_prompt_length(len(seq))
+        request_id, token_ids = seq.request_id, seq.token_ids
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         self.requests[request_id] = Request(
@@ -375,7 +377,7 @@ class LLMEngine:
         def names(seqs) -> tuple[str, ...]:
             return tuple(sorted({adapters[s.adapter].name for s in seqs if s.adapter}))
 
-        waiting = [s for queue in self.scheduler.waiting.values() for s in queue]
+        waiting = list(self.scheduler.waiting)
         return {
             "adapters": tuple(self.lora.known()),
             "adapters_resident": tuple(self.lora.resident()),

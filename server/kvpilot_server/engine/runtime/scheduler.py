@@ -1,7 +1,8 @@
 """Continuous batching: which sequences compute how many tokens in the next step.
 
 Each step spends a token budget (max_num_batched_tokens) over at most max_num_seqs sequences.
-Running sequences go first (interactive before batch, then by arrival), then waiting ones;
+Running sequences go first (interactive before batch, then by arrival), then waiting ones, each
+class's tenants in token-fair order (engine/runtime/fairness.py);
 prompts longer than what is left of the budget are prefilled in chunks across steps. When KV
 blocks run out, the lowest-priority, latest running sequence is preempted: its blocks are freed
 and it is recomputed later (its prefix is often still in the cache). Batch-class work only gets
@@ -23,11 +24,12 @@ A sequence for a LoRA adapter runs only while its adapter holds one of the engin
 its place, while sequences behind it go ahead.
 """
 
-from collections import deque
+from collections import Counter
 
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.lora.slots import LoraSlots
 from kvpilot_server.engine.runtime.block_pool import BlockPool
+from kvpilot_server.engine.runtime.fairness import WaitQueue
 from kvpilot_server.engine.runtime.scheduler_output import SchedulerOutput
 from kvpilot_server.engine.runtime.sequence import Priority, Sequence, SequenceStatus
 
@@ -40,26 +42,26 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.pool = pool
         self.lora = lora
-        self.waiting: dict[Priority, deque[Sequence]] = {p: deque() for p in Priority}
+        self.waiting = WaitQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_prefill_tokens = 0  # prompt tokens run through the model (cache hits excluded)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        self.waiting[seq.priority].append(seq)
+        self.waiting.arrive(seq)
 
     def num_waiting(self, priority: Priority | None = None) -> int:
-        queues = self.waiting.values() if priority is None else [self.waiting[priority]]
-        return sum(len(q) for q in queues)
+        return self.waiting.count(priority)
 
     def remove(self, seq: Sequence) -> None:
         """Take seq out of the schedule (finished or aborted) and release its blocks."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
         if seq in self.running:
             self.running.remove(seq)
             self._unpin(seq)
-        elif seq in self.waiting[seq.priority]:
-            self.waiting[seq.priority].remove(seq)
+        self.waiting.finished(seq, waiting=seq in self.waiting)
         self.pool.free_seq(seq)
         seq.status = SequenceStatus.FINISHED
 
@@ -84,6 +86,7 @@ class Scheduler:
             self.pool.commit_full_blocks(seq)
         for seq, token in tokens.items():
             seq.token_ids.append(token)
+            self.waiting.sampled(seq)
 
     def _budget(self, batch: dict[Sequence, int]) -> int:
         return self.max_num_batched_tokens - sum(batch.values())
@@ -110,13 +113,15 @@ class Scheduler:
 
     def _schedule_waiting(self, batch: dict[Sequence, int]) -> None:
         for priority in Priority:
-            queue = self.waiting[priority]
-            held: list[Sequence] = []  # keep their place: they run as soon as the blocks are keyed
-            while queue and self._budget(batch) > 0:
-                seq = queue[0]
+            held: set[Sequence] = set()  # keep their place: they run as soon as they can
+            while self._budget(batch) > 0:
+                tenants = Counter(s.tenant.name for s in self.running)
+                seq = self.waiting.next(priority, held, tenants)
+                if seq is None:
+                    break
                 hits = self.pool.match_prefix(seq)
                 if self._awaits_prefill(seq, len(hits)):
-                    held.append(queue.popleft())
+                    held.add(seq)
                     continue
                 n = min(len(seq) - len(hits) * self.pool.block_size, self._budget(batch))
                 fits = len(self.running) < self.max_num_seqs and self.pool.can_allocate(
@@ -125,17 +130,19 @@ class Scheduler:
                 if not fits:
                     if priority is Priority.INTERACTIVE and self._evict_batch_work(batch):
                         continue
+                    if (victim := self.waiting.overserved(seq, self.running)) is not None:
+                        self._preempt(victim, batch)
+                        continue
                     break
                 if seq.adapter and not self.lora.acquire(seq.adapter):  # type: ignore[union-attr]
-                    held.append(queue.popleft())  # every slot is running other adapters
+                    held.add(seq)  # every slot is running other adapters
                     continue
-                queue.popleft()
+                self.waiting.admitted(seq, len(seq) - len(hits) * self.pool.block_size)
                 self.pool.count_query(seq, len(hits))
                 self.pool.allocate(seq, n, hits)
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
                 batch[seq] = n
-            queue.extendleft(reversed(held))
 
     def _awaits_prefill(self, seq: Sequence, num_hit_blocks: int) -> bool:
         """Whether a running sequence is about to compute seq's next full block, which seq would
@@ -172,4 +179,4 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting[seq.priority].appendleft(seq)
+        self.waiting.requeue(seq)

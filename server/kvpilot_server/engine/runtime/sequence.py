@@ -21,6 +21,17 @@ class Priority(enum.IntEnum):
     BATCH = 1
 
 
+@dataclass(frozen=True)
+class Tenant:
+    """Whose request it is (an API key's name), and its share of the engine when others wait
+    too: a tenant of weight 2 gets twice the tokens of one of weight 1 (engine/runtime/fairness.py).
+    """
+
+    name: str = ""
+    weight: float = 1.0
+
+
+ANONYMOUS = Tenant()
 _ids = itertools.count()
 
 
@@ -44,6 +55,7 @@ class Sequence:
     num_preemptions: int = 0
     pooled: bool = False  # an embedding: its prompt's hidden states are pooled, nothing sampled
     adapter: int = 0  # the LoRA adapter's id (engine/lora/slots.py); 0: the base model
+    tenant: Tenant = ANONYMOUS
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -64,5 +76,6 @@ class Sequence:
         return len(self.token_ids) - self.num_computed_tokens
 
     def sort_key(self) -> tuple[int, float, int]:
-        """Scheduling order: class first, then arrival (FIFO within a class)."""
+        """Running order: class first, then arrival. (Which waiting sequence is admitted next
+        also weighs its tenant's share: engine/runtime/fairness.py.)"""
         return (self.priority, self.arrival_time, self.seq_id)
