@@ -26,6 +26,7 @@ ENGINE_INFO = "kvpilot_engine_info"  # vllm:cache_config_info
 # grammar, tools), and the time each spent waiting for its grammar (0 when cached).
 STRUCTURED_REQUESTS = "kvpilot_structured_requests_total"  # no vLLM counterpart
 GRAMMAR_COMPILE_TIME = "kvpilot_grammar_compile_seconds"  # no vLLM counterpart
+RATE_LIMITED = "kvpilot_rate_limited_total"  # labels model, tenant, limit; no vLLM counterpart
 
 # LoRA adapters (label adapter: the adapter's name; the base model's requests are not in these).
 LORA_REQUESTS = "kvpilot_lora_requests_total"  # labels model, adapter, outcome
@@ -104,3 +105,4 @@ GATEWAY_UPSTREAM_SECONDS = "kvpilot_gateway_upstream_latency_seconds"
 GATEWAY_ROUTING = "kvpilot_gateway_routing_decisions_total"  # and reason
 GATEWAY_RETRIES = "kvpilot_gateway_upstream_retries_total"
 GATEWAY_RESUMES = "kvpilot_gateway_stream_resumes_total"  # and reason
+GATEWAY_RATE_LIMITED = "kvpilot_gateway_rate_limited_total"  # tenant, limit; no model label

@@ -21,9 +21,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kvpilot_common.errors import KvpilotError, ModelNotFoundError, OverloadedError
-from kvpilot_common.http.auth import ApiKeyMiddleware
+from kvpilot_common.http.auth import ApiKeyMiddleware, caller
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
+from kvpilot_common.http.rate_limit import RateLimits
 from kvpilot_gateway import adapters, headers, resume, target
 from kvpilot_gateway.balance import Balancer
 from kvpilot_gateway.budget import BodyBudget, Lease
@@ -64,6 +65,7 @@ class State:
         self.synced = False
         self.draining = False
         self.in_flight = 0  # read by the drain
+        self.limits = RateLimits()
 
     def usable(self, model: Model) -> list[str]:
         return [e for e in self.catalog.endpoints(model.key) if not self.loads.is_down(e)]
@@ -102,6 +104,10 @@ def build_app(state: State) -> Starlette:
                     request.url.scheme,
                     settings.trusted_proxies,
                 )
+                if settings.gateway_secret:
+                    upstream_headers += headers.from_gateway(
+                        caller(request), settings.gateway_secret
+                    )
                 response = await _route(request, model, wanted, upstream_headers)
                 return response  # type: ignore[return-value]
         finally:
@@ -120,7 +126,7 @@ def build_app(state: State) -> Starlette:
         labels = model.key
         count = metrics.requests.labels
         body = target.renamed(wanted, model.served).body  # the replica knows only its name
-        resumable = bool(wanted.resumable and settings.continue_secret and settings.max_resumes)
+        resumable = bool(wanted.resumable and settings.gateway_secret and settings.max_resumes)
         if resumable:  # its token ids tell another replica where to go on (resume.py)
             body = resume.with_fields(body, {"return_token_ids": True})
         key = wanted.key
@@ -210,7 +216,9 @@ def build_app(state: State) -> Starlette:
             failover = Failover(state, model, key, path, body, sent, endpoint)
             done = _finish(failover, model, upstream.status)
             if not resumable:
-                return Passthrough(upstream, done, settings.upstream_idle_timeout)
+                return Passthrough(
+                    upstream, done, settings.upstream_idle_timeout, charge=caller(request).charge
+                )
             tracker = resume.Tracker(keep_ids=wanted.token_ids)
             return Passthrough(
                 upstream,
@@ -219,6 +227,7 @@ def build_app(state: State) -> Starlette:
                 tracker,
                 failover,
                 settings.max_resumes,
+                caller(request).charge,
             )
         count(*labels, "upstream_error").inc()
         return _with_retry_after(
@@ -283,7 +292,14 @@ def build_app(state: State) -> Starlette:
         return error_response(500, "Internal server error")
 
     return Starlette(
-        middleware=[Middleware(ApiKeyMiddleware, keys=list(settings.api_keys))],
+        middleware=[
+            Middleware(
+                ApiKeyMiddleware,
+                keys=settings.api_keys,
+                limits=state.limits,
+                refused=lambda tenant, limit: metrics.rate_limited.labels(tenant, limit).inc(),
+            )
+        ],
         exception_handlers={Exception: unexpected},
         routes=[
             Route("/v1/chat/completions", complete, methods=["POST"]),

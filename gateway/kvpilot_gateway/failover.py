@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from kvpilot_common import continuation
 from kvpilot_gateway import resume
 from kvpilot_gateway.catalog import Model
 from kvpilot_gateway.proxy import UPSTREAM_ERRORS, UpstreamTimeout, open_upstream
@@ -48,10 +47,8 @@ class Failover:
         if tracker.id is None:  # nothing reached the client: the request as it was
             body, headers = self.body, self.headers
         else:
-            body = resume.with_fields(self.body, tracker.continuation())
-            assert settings.continue_secret is not None  # no tracker without one
-            secret = (continuation.HEADER.encode(), settings.continue_secret.encode())
-            headers = [*self.headers, secret]
+            # The headers carry the gateway secret already (headers.from_gateway).
+            body, headers = resume.with_fields(self.body, tracker.continuation()), self.headers
         for _ in range(settings.retries + 1):
             endpoints = [e for e in state.usable(self.model) if e not in self.tried]
             if not endpoints:

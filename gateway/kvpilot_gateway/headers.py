@@ -10,7 +10,8 @@ the gateway saw, so a replica's logs and rate limits see the real peer.
 import ipaddress
 from collections.abc import Sequence
 
-from kvpilot_common import continuation
+from kvpilot_common import trust
+from kvpilot_common.http.auth import Caller
 from kvpilot_gateway.options import Network
 
 Headers = list[tuple[bytes, bytes]]
@@ -30,7 +31,7 @@ HOP_HEADERS = frozenset(
         b"content-length",
     }
 )
-_SECRET = continuation.HEADER.encode()
+_TRUSTED = frozenset(h.encode() for h in trust.HEADERS)
 FORWARDING = frozenset(
     {b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"x-real-ip"}
 )
@@ -76,9 +77,8 @@ def to_replica(
         if k.lower() in FORWARDING:  # repeated headers are one list (RFC 9110 5.3)
             before = claimed.get(k.lower())
             claimed[k.lower()] = before + b", " + v if before else v
-    # A client's continuation secret never passes: only the gateway's own continuations carry
-    # one (resume.py).
-    out = [(k, v) for k, v in kept if k.lower() not in FORWARDING and k.lower() != _SECRET]
+    # A client's gateway secret and tenant never pass: the gateway sends its own (proxy.py).
+    out = [(k, v) for k, v in kept if k.lower() not in FORWARDING and k.lower() not in _TRUSTED]
     host = next((v for k, v in headers if k.lower() == b"host"), b"")
     peer = peer or "unknown"
     chain = claimed.get(b"x-forwarded-for")
@@ -94,3 +94,13 @@ def to_replica(
     earlier = claimed.get(b"forwarded")
     out.append((b"forwarded", (earlier + b", " if earlier else b"") + element))
     return out
+
+
+def from_gateway(caller: Caller, secret: str) -> Headers:
+    """What the replica believes because the gateway says so (kvpilot_common.trust): the
+    request's tenant, for the engine's fairness, proven by the shared secret."""
+    return [
+        (trust.HEADER.encode(), secret.encode()),
+        (trust.TENANT_HEADER.encode(), caller.tenant.encode()),
+        (trust.WEIGHT_HEADER.encode(), repr(caller.weight).encode()),
+    ]

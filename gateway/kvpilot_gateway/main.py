@@ -29,10 +29,10 @@ log = logging.getLogger("kvpilot.gateway")
 def run_gateway(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     from kvpilot_common.errors import ConfigError
-    from kvpilot_common.http.auth import load_api_keys
+    from kvpilot_common.http.keys import load_key_book
 
     try:
-        keys = load_api_keys(args.api_key_file)
+        keys = load_key_book(args.api_key_file)
     except ConfigError as exc:
         log.error("cannot start: %s", exc)
         return 1

@@ -56,6 +56,12 @@ class GatewayMetrics:
             [*LABELS, "reason"],
             registry=r,
         )
+        self.rate_limited = Counter(
+            names.GATEWAY_RATE_LIMITED,
+            "Requests refused (429) by a tenant's limit: requests or tokens per minute",
+            ["tenant", "limit"],
+            registry=r,
+        )
         self.resumes = Counter(
             names.GATEWAY_RESUMES,
             "Streams continued on another replica after theirs broke mid-stream, by why it "

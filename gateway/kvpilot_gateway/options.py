@@ -8,7 +8,8 @@ import socket
 import urllib.parse
 from dataclasses import dataclass, field
 
-from kvpilot_common import continuation
+from kvpilot_common import trust
+from kvpilot_common.http.keys import KeyBook
 from kvpilot_common.http.limits import BODY_TIMEOUT, add_http_limit_args
 from kvpilot_gateway.names import Policy, parse_reservations
 
@@ -34,10 +35,10 @@ class Settings:
     upstream_idle_timeout: float = 120.0  # silence between two chunks of an answer
     retries: int = 2  # other replicas tried when one fails before answering
     max_resumes: int = 2  # times one stream may go on from another replica (resume.py)
-    # Shared with the servers (kvpilot_common.continuation); None: streams do not resume.
-    continue_secret: str | None = None
+    # Shared with the servers (kvpilot_common.trust); None: streams do not resume.
+    gateway_secret: str | None = None
     gateway_id: str = "gateway"
-    api_keys: tuple[str, ...] = ()
+    api_keys: KeyBook | None = None
     body_timeout: float = BODY_TIMEOUT
     # Request bodies in memory at once (being read, held for a starting model, being sent).
     max_held_bytes: int = 32 << 20
@@ -162,11 +163,12 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=Settings.max_resumes,
         help="times one stream whose replica breaks mid-stream may go on from another "
-        f"(needs ${continuation.ENV}, the servers' too; 0: never)",
+        f"(needs ${trust.ENV}, the servers' too; 0: never)",
     )
     parser.add_argument(
         "--api-key-file",
-        help="file of API keys clients must send (also: KVPILOT_API_KEYS=key1,key2); "
+        help="file of API keys clients must send, a line each, with optional name= rpm= tpm= "
+        "weight= (docs/gateway.md; also: KVPILOT_API_KEYS=key1,key2); reread when it changes; "
         "/health, /ready and /metrics stay open",
     )
     parser.add_argument(
@@ -185,7 +187,7 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def settings(args: argparse.Namespace, api_keys: list[str]) -> Settings:
+def settings(args: argparse.Namespace, api_keys: KeyBook | None) -> Settings:
     """ValueError saying which flag is wrong."""
     try:
         proxies = tuple(ipaddress.ip_network(c, strict=False) for c in args.trusted_proxy)
@@ -209,9 +211,9 @@ def settings(args: argparse.Namespace, api_keys: list[str]) -> Settings:
         scrape_interval=args.scrape_interval,
         retries=args.retries,
         max_resumes=args.max_resumes,
-        continue_secret=continuation.secret_from_env(),
+        gateway_secret=trust.secret_from_env(),
         gateway_id=args.gateway_id,
-        api_keys=tuple(api_keys),
+        api_keys=api_keys,
         body_timeout=args.body_timeout,
         max_held_bytes=args.max_held_bytes,
         upstream_timeout=args.upstream_timeout,

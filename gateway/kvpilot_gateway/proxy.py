@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from kvpilot_common.http.errors import error_body
 from kvpilot_gateway.headers import end_to_end
 from kvpilot_gateway.resume import Tracker
+from kvpilot_gateway.usage import UsageTap
 
 T = TypeVar("T")
 
@@ -78,8 +79,10 @@ class Passthrough:
         tracker: Tracker | None = None,
         resume: Resume | None = None,
         max_resumes: int = 0,
+        charge: Callable[[int], None] | None = None,  # the tenant's tokens, once reported
     ) -> None:
         self.upstream, self.done, self.idle_timeout = upstream, done, idle_timeout
+        self.charge, self.usage = charge, UsageTap()
         content_type = upstream.headers.get("content-type", "")
         self.sse = content_type.startswith("text/event-stream")
         self.tracker = tracker if self.sse and upstream.status == 200 else None
@@ -87,7 +90,7 @@ class Passthrough:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome = "upstream_error"
-        headers = end_to_end(self.upstream.raw_headers)
+        headers = self.usage.headers(end_to_end(self.upstream.raw_headers))
         try:
             await send(
                 {
@@ -114,6 +117,8 @@ class Passthrough:
                 self.upstream.release()  # read to its end: the connection is reused
             else:
                 self.upstream.close()  # the replica sees the connection close and aborts
+            if self.charge is not None and self.usage.tokens:
+                self.charge(self.usage.tokens)
             self.done(outcome)
 
     async def _relay(self, send: Send) -> str:
@@ -122,6 +127,8 @@ class Passthrough:
         content = self.upstream.content
         try:
             while chunk := await asyncio.wait_for(content.readany(), self.idle_timeout):
+                if self.sse:
+                    self.usage.feed(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UPSTREAM_ERRORS as exc:
             timed_out = type(exc) is TimeoutError  # wait_for's, not a socket's
@@ -164,6 +171,7 @@ class Passthrough:
         content = self.upstream.content
         try:
             while chunk := await asyncio.wait_for(content.readany(), self.idle_timeout):
+                self.usage.feed(chunk)
                 relayed, failed = tracker.feed(chunk)
                 if relayed:
                     await send({"type": "http.response.body", "body": relayed, "more_body": True})

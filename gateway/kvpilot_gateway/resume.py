@@ -7,8 +7,8 @@ and the response's id and created. The events it relays lose those fields again 
 client asked for them. When the stream breaks (the connection fails or ends before `[DONE]`,
 the replica goes silent past the idle timeout, or it sends a server-side error event: a drain
 past its timeout, an engine failure), the gateway sends the same request to another replica with
-`kvpilot_continue` (those ids, that id and created) and the continuation secret
-(kvpilot_common.continuation). That replica prefills prompt and output, samples what the first
+`kvpilot_continue` (those ids, that id and created) and the gateway secret
+(kvpilot_common.trust). That replica prefills prompt and output, samples what the first
 would have sampled next (a seeded draw depends on the seed and the position only) and streams the
 rest with the same id, without a second role chunk, ending with usage counted over the whole
 answer. Only whole events are relayed, so a break never leaves half an event at the client.

@@ -29,8 +29,9 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--served-model-name", help="model name clients use (default: --model)")
     serve.add_argument(
         "--api-key-file",
-        help="file of API keys, one per line (also: "
-        "KVPILOT_API_KEYS=key1,key2); /health, /ready and /metrics stay open",
+        help="file of API keys, a line each, with optional name= rpm= tpm= weight= "
+        "(docs/limits.md; also: KVPILOT_API_KEYS=key1,key2); reread when it changes; "
+        "/health, /ready and /metrics stay open",
     )
     serve.add_argument(
         "--max-waiting",

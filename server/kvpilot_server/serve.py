@@ -17,10 +17,10 @@ log = logging.getLogger("kvpilot")
 def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     from kvpilot_common.errors import ConfigError, KvpilotError
-    from kvpilot_common.http.auth import load_api_keys
+    from kvpilot_common.http.keys import load_key_book
 
     try:
-        keys = load_api_keys(args.api_key_file)
+        keys = load_key_book(args.api_key_file)
         lora_modules = _lora_settings(args)
     except ConfigError as exc:
         return _cannot_start(termination.INVALID_CONFIGURATION, exc)
@@ -57,13 +57,11 @@ def _lora_settings(args: argparse.Namespace) -> dict[str, str]:
         raise ConfigError(str(exc)) from exc
 
 
-def _serve(
-    args: argparse.Namespace, engine, model: str, keys: list[str], lora_modules: dict[str, str]
-) -> int:
+def _serve(args: argparse.Namespace, engine, model: str, keys, lora_modules: dict[str, str]) -> int:
     import asyncio
     from pathlib import Path
 
-    from kvpilot_common import continuation
+    from kvpilot_common import trust
     from kvpilot_server.api.app import ServerSettings, build_app
 
     settings = ServerSettings(
@@ -76,7 +74,7 @@ def _serve(
         tool_call_parser=args.tool_call_parser,
         lora_dir=Path(args.lora_dir) if args.lora_dir is not None else None,
         lora_config=Path(args.lora_config) if args.lora_config is not None else None,
-        continue_secret=continuation.secret_from_env(),
+        gateway_secret=trust.secret_from_env(),
     )
     app = build_app(engine, settings)
     for name, path in lora_modules.items():

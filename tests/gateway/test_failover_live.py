@@ -1,5 +1,5 @@
 """Mid-stream failover on loopback: two real `kvpilot serve` of the tiny model behind the real
-gateway (`--backend`, the continuation secret shared through the environment). The server
+gateway (`--backend`, the gateway secret shared through the environment). The server
 answering a stream is killed (SIGKILL) right after the client's first chunk; the client, the
 official openai client, reads on and gets exactly what an uninterrupted run gives, text, token
 ids and usage, greedy and sampled with a seed, and the gateway counts one resume. A non-streamed
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from kvpilot_common import continuation
+from kvpilot_common import trust
 from kvpilot_common import metric_names as names
 from kvpilot_testing.kube.cluster import wait_for
 from kvpilot_testing.kube.gateway import Gateway
@@ -72,7 +72,7 @@ class Servers:
 
 @pytest.fixture
 def setup(tiny_dir, tmp_path) -> Iterator[tuple[Servers, Gateway, openai.OpenAI]]:
-    os.environ[continuation.ENV] = SECRET
+    os.environ[trust.ENV] = SECRET
     servers = gateway = None
     try:
         servers = Servers(tiny_dir("llama"))
@@ -83,7 +83,7 @@ def setup(tiny_dir, tmp_path) -> Iterator[tuple[Servers, Gateway, openai.OpenAI]
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="-", max_retries=0)
         yield servers, gateway, client
     finally:
-        del os.environ[continuation.ENV]
+        del os.environ[trust.ENV]
         if gateway is not None:
             gateway.stop()
             print(gateway.log()[-3000:])

@@ -1,73 +1,133 @@
-"""API keys: `Authorization: Bearer <key>` on every route but the probes, /metrics and the
-API description (/openapi.json).
+"""Who is calling, and whether they may: `Authorization: Bearer <key>` on every route but the
+probes, /metrics and the API description (/openapi.json), the key's tenant, and its limits.
 
-Keys come from --api-key-file (one per line, `#` comments) and KVPILOT_API_KEYS
-(comma-separated). A source that is configured but yields no key stops the server at start:
-serving without authentication because a Secret was empty would fail open. Keys are compared
-in constant time and never logged.
+The keys and their tenants and limits are the key book's (http/keys.py), the limits' buckets
+http/rate_limit.py's. Each request's caller is left in the ASGI scope's state for the routes
+(`caller(request)`): the tenant the engine shares its capacity by, and what charges the tenant's
+tokens once the response's usage is known. A request that kvpilot's gateway forwards with its
+secret (kvpilot_common.trust) is for the tenant the gateway names, and is not limited again:
+the gateway limited it, across all replicas at once.
 """
 
-import hmac
-import os
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvpilot_common.errors import ConfigError
+from kvpilot_common import trust
 from kvpilot_common.http.errors import error_response
+from kvpilot_common.http.keys import TENANT_NAME, Key, KeyBook
+from kvpilot_common.http.rate_limit import RateLimits, Verdict, refusal_headers
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
-ENV_VAR = "KVPILOT_API_KEYS"
+STATE = "kvpilot_caller"
 
 
-def load_api_keys(key_file: str | None) -> list[str]:
-    """Every configured key; [] only when no source is configured (no authentication)."""
-    keys: list[str] = []
-    if (value := os.environ.get(ENV_VAR)) is not None:
-        found = _keys(value.split(","))
-        if not found:
-            raise ConfigError(f"{ENV_VAR} is set but holds no API key")
-        keys += found
-    if key_file:
-        try:
-            found = _keys(Path(key_file).read_text().splitlines())
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"Cannot read the API key file {key_file}: {exc}") from exc
-        if not found:
-            raise ConfigError(
-                f"The API key file {key_file} holds no API key (empty or only comments)"
-            )
-        keys += found
-    return keys
+@dataclass(frozen=True)
+class Caller:
+    tenant: str = ""  # "": no API keys, everyone is one tenant
+    weight: float = 1.0
+    charge: Callable[[int], None] = lambda tokens: None
+    trusted: bool = False  # forwarded by kvpilot's gateway, with its secret
 
 
-def _keys(lines: list[str]) -> list[str]:
-    return [k for k in (line.strip() for line in lines) if k and not k.startswith("#")]
+ANONYMOUS = Caller()
+
+
+def caller(request: Request) -> Caller:
+    return request.scope.get("state", {}).get(STATE, ANONYMOUS)
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, keys: list[str]) -> None:
-        self.app = app
-        self.keys = [k.encode() for k in keys]
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: KeyBook | None,
+        limits: RateLimits | None = None,
+        gateway_secret: str | None = None,  # a server behind kvpilot's gateway: whom to trust
+        refused: Callable[[str, str], None] = lambda tenant, limit: None,  # a metric
+    ) -> None:
+        self.app, self.keys, self.limits, self.secret = app, keys, limits, gateway_secret
+        self.refused = refused
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        values = [v for k, v in scope["headers"] if k == b"authorization"]
+        headers = {k: v for k, v in scope["headers"]}
+        key = None
+        if self.keys:
+            key = self._authenticate(scope["headers"])
+            if key is None:
+                response = error_response(
+                    401,
+                    "Missing or invalid API key: send 'Authorization: Bearer <key>'",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+        forwarded = self._forwarded(headers)
+        verdict = None
+        if forwarded is not None:
+            who = forwarded
+        elif key is not None:
+            who = Caller(key.tenant, key.weight, self._charger(key))
+            if self.limits is not None and (key.rpm or key.tpm):
+                verdict = self.limits.admit(key)
+        else:
+            who = ANONYMOUS
+        if verdict is not None and verdict.retry_after is not None:
+            assert key is not None and verdict.limit is not None
+            self.refused(key.tenant, verdict.limit)
+            response = error_response(
+                429,
+                f"Rate limit reached for {key.tenant} on {verdict.limit} per minute: "
+                f"retry in {verdict.retry_after:.3g} s",
+                headers=refusal_headers(verdict),
+            )
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})[STATE] = who
+        await self.app(scope, receive, _with_headers(send, verdict) if verdict else send)
+
+    def _authenticate(self, raw: list[tuple[bytes, bytes]]) -> Key | None:
+        assert self.keys is not None
+        values = [v for k, v in raw if k == b"authorization"]
         # Two: a proxy before us may have checked the other one. Neither counts.
         header = values[0] if len(values) == 1 else b""
         scheme, _, token = header.partition(b" ")
-        # Compare against every key so the time taken says nothing about which one is close.
-        valid = scheme.lower() == b"bearer" and any(
-            [hmac.compare_digest(token.strip(), key) for key in self.keys]
-        )
-        if valid:
-            await self.app(scope, receive, send)
-            return
-        response = error_response(
-            401,
-            "Missing or invalid API key: send 'Authorization: Bearer <key>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-        await response(scope, receive, send)
+        if scheme.lower() != b"bearer":
+            return None
+        return self.keys.match(token.strip())
+
+    def _forwarded(self, headers: dict[bytes, bytes]) -> Caller | None:
+        sent = headers.get(trust.HEADER.encode())
+        if sent is None or not trust.authorized(sent, self.secret):
+            return None
+        tenant = headers.get(trust.TENANT_HEADER.encode(), b"").decode("latin-1")
+        try:
+            weight = float(headers.get(trust.WEIGHT_HEADER.encode(), b"1"))
+        except ValueError:
+            weight = 1.0
+        if not TENANT_NAME.match(tenant):
+            tenant = ""
+        return Caller(tenant, weight if weight > 0 else 1.0, trusted=True)
+
+    def _charger(self, key: Key) -> Callable[[int], None]:
+        limits = self.limits
+        if limits is None or not key.tpm:
+            return ANONYMOUS.charge
+        return lambda tokens: limits.charge(key, tokens)
+
+
+def _with_headers(send: Send, verdict: Verdict) -> Send:
+    """The limit headers on the response, whatever route answers."""
+    extra = [(k.encode(), v.encode()) for k, v in verdict.headers.items()]
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return sending

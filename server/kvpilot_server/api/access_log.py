@@ -14,9 +14,15 @@ log = logging.getLogger("kvpilot.access")
 
 
 def log_request(
-    request_id: str, status: int, outputs: list[RequestOutput | None], outcome: str
+    request_id: str,
+    status: int,
+    outputs: list[RequestOutput | None],
+    outcome: str,
+    tenant: str = "",  # the API key's name (never the key)
 ) -> None:
     record: dict = {"event": "request", "id": request_id, "status": status, "outcome": outcome}
+    if tenant:
+        record["tenant"] = tenant
     done = [o for o in outputs if o is not None]
     if done:
         arrival = done[0].metrics.arrival_time

@@ -19,11 +19,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kvpilot_common import continuation
+from kvpilot_common import trust
 from kvpilot_common.errors import InvalidRequestError, KvpilotError
 from kvpilot_common.http.auth import ApiKeyMiddleware
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
+from kvpilot_common.http.keys import KeyBook
+from kvpilot_common.http.rate_limit import RateLimits
 from kvpilot_server.api.adapter_sync import AdapterSync
 from kvpilot_server.api.adapters import Adapters
 from kvpilot_server.api.admission import Admission
@@ -60,7 +62,7 @@ class ServerSettings:
     """What `kvpilot serve` sets beyond the engine (see its --help)."""
 
     served_model_name: str
-    api_keys: list[str] | None = None
+    api_keys: KeyBook | list[str] | None = None  # a list: keys without names or limits
     max_waiting: int = 256
     request_timeout: float | None = None  # seconds; a ceiling on a request's own `timeout`
     context_overflow: ContextOverflow = "reject"
@@ -70,9 +72,9 @@ class ServerSettings:
     lora_dir: Path | None = None
     # A list of adapters to follow (api/adapter_sync.py); None: none.
     lora_config: Path | None = None
-    # What the gateway sends to continue a broken stream here (kvpilot_common.continuation);
-    # None: kvpilot_continue is refused.
-    continue_secret: str | None = None
+    # What kvpilot's gateway proves itself with (kvpilot_common.trust); None: kvpilot_continue
+    # is refused and a forwarded tenant is not believed.
+    gateway_secret: str | None = None
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
@@ -110,11 +112,11 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         """kvpilot_continue only from the gateway: with the secret, for one choice."""
         if parsed.kvpilot_continue is None:
             return
-        sent = request.headers.get(continuation.HEADER)
-        if not continuation.authorized(sent, settings.continue_secret):
+        sent = request.headers.get(trust.HEADER)
+        if not trust.authorized(sent, settings.gateway_secret):
             raise InvalidRequestError(
                 "kvpilot_continue is for kvpilot's gateway, which sends this server's "
-                "continuation secret; this request did not",
+                "gateway secret; this request did not",
                 "kvpilot_continue",
             )
         if parsed.n != 1:
@@ -229,7 +231,13 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         lifespan=lifespan,
         # RequestScope inside the key check: a refused request holds nothing to release.
         middleware=[
-            Middleware(ApiKeyMiddleware, keys=settings.api_keys or []),
+            Middleware(
+                ApiKeyMiddleware,
+                keys=KeyBook.of(keys) if isinstance(keys := settings.api_keys, list) else keys,
+                limits=RateLimits(),
+                gateway_secret=settings.gateway_secret,
+                refused=metrics.refused,
+            ),
             Middleware(RequestScope),
         ],
         exception_handlers={

@@ -19,7 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from kvpilot_common import metric_names as names
+from kvpilot_common import trust
 from kvpilot_common.errors import InvalidRequestError, OverloadedError
+from kvpilot_common.http.auth import ANONYMOUS, Caller, caller
 from kvpilot_common.http.errors import from_exception
 from kvpilot_server.api import responses
 from kvpilot_server.api.access_log import log_request
@@ -30,6 +32,7 @@ from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import SamplingFields
 from kvpilot_server.api.request_scope import exit_stack
 from kvpilot_server.engine.runtime.async_engine import AsyncEngine
+from kvpilot_server.engine.runtime.sequence import Tenant
 from kvpilot_server.outputs import RequestOutput
 from kvpilot_server.sampling_params import SamplingParams
 
@@ -56,7 +59,8 @@ class Completions:
     ) -> Response:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         outputs: list[RequestOutput | None] = [None] * parsed.n
-        done = Accounting(request_id, outputs, self.metrics, lora)
+        who = caller(request)
+        done = Accounting(request_id, outputs, self.metrics, lora, who)
         # Whatever happens from here on, the request's slots and engine requests are given
         # back when the HTTP exchange ends: they are tied to the request's exit stack.
         resources = exit_stack(request)
@@ -75,6 +79,7 @@ class Completions:
                     request_id if parsed.n == 1 else f"{request_id}-{i}",
                     parsed.scheduling_class(),
                     lora,
+                    Tenant(who.tenant, who.weight),
                 )
                 for i, choice in enumerate(params)
             ]
@@ -106,7 +111,12 @@ class Completions:
                 stream,
                 outputs,
                 envelope,
-                Stream(parsed.include_usage, parsed.return_token_ids, taken_over is not None),
+                Stream(
+                    parsed.include_usage,
+                    parsed.return_token_ids,
+                    taken_over is not None,
+                    who.trusted,
+                ),
                 logprobs,
                 done,
             )
@@ -131,6 +141,8 @@ class Completions:
             to_logprobs(o.outputs[0].logprobs or [], self.tokenizer) if wants_logprobs else None
             for o in finals
         ]
+        if who.trusted:  # the gateway charges the tenant's tokens (kvpilot_common.trust)
+            headers = {**(headers or {}), trust.USAGE_HEADER: str(done.tokens())}
         return JSONResponse(envelope.full(finals, lps, parsed.return_token_ids), headers=headers)
 
     def _choice_params(self, parsed: SamplingFields, prompt_len: int) -> list[SamplingParams]:
@@ -161,9 +173,20 @@ class Accounting:
         outputs: list[RequestOutput | None],
         metrics: ServerMetrics,
         adapter: str | None = None,
+        who: Caller = ANONYMOUS,  # whose tokens per minute it charges, whom the log names
+        one_prompt: bool = True,  # n choices of one prompt; False: each output its own (embeddings)
     ) -> None:
         self.request_id, self.outputs, self.metrics = request_id, outputs, metrics
-        self.adapter = adapter
+        self.adapter, self.who, self.one_prompt = adapter, who, one_prompt
+
+    def tokens(self) -> int:
+        """The request's tokens as its tenant's limit counts them, as its usage does."""
+        finished = [o for o in self.outputs if o is not None]
+        if not finished:
+            return 0
+        if not self.one_prompt:
+            return sum(o.usage.prompt_tokens for o in finished)
+        return responses.usage(finished)["total_tokens"]
 
     def __call__(self, status: int, outcome: str | None) -> None:
         """outcome None: the request completed and each choice counts its own finish reason."""
@@ -172,7 +195,9 @@ class Accounting:
             reason = outcome or (output and output.outputs[0].finish_reason) or names.OUTCOME_ERROR
             self.metrics.observe_finished(output, reason, self.adapter)
             reasons.append(reason)
-        log_request(self.request_id, status, self.outputs, ",".join(sorted(set(reasons))))
+        outcome = ",".join(sorted(set(reasons)))
+        log_request(self.request_id, status, self.outputs, outcome, self.who.tenant)
+        self.who.charge(self.tokens())
 
 
 async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, None]) -> bool:
@@ -206,6 +231,7 @@ class Stream:
     include_usage: bool
     token_ids: bool
     continued: bool
+    report_usage: bool = False  # for kvpilot's gateway: the tokens, in a comment at the end
 
 
 async def _sse(
@@ -261,4 +287,6 @@ async def _sse(
         done(200, None)
         if stream.include_usage:
             yield event(envelope.usage_chunk(outputs))  # type: ignore[arg-type]
+        if stream.report_usage:  # clients skip comments; the gateway reads it
+            yield f": {trust.USAGE_COMMENT} {responses.usage(outputs)['total_tokens']}\n\n"  # type: ignore[arg-type]
     yield "data: [DONE]\n\n"

@@ -12,7 +12,9 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from kvpilot_common import trust
 from kvpilot_common.errors import InvalidRequestError, OverloadedError
+from kvpilot_common.http.auth import caller
 from kvpilot_common.http.errors import from_exception
 from kvpilot_common.metric_names import OUTCOME_ERROR, OUTCOME_REJECTED
 from kvpilot_server.api.admission import Admission
@@ -23,6 +25,7 @@ from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import Body
 from kvpilot_server.api.request_scope import exit_stack
 from kvpilot_server.engine.runtime.async_engine import AsyncEngine
+from kvpilot_server.engine.runtime.sequence import Tenant
 from kvpilot_server.outputs import RequestOutput
 from kvpilot_server.pooling_params import PoolingParams
 
@@ -66,7 +69,8 @@ class Embeddings:
         request_id = f"embd-{uuid.uuid4().hex}"
         prompts = parsed.prompts()
         outputs: list[RequestOutput | None] = [None] * len(prompts)
-        done = Accounting(request_id, outputs, self.metrics)
+        who = caller(request)
+        done = Accounting(request_id, outputs, self.metrics, who=who, one_prompt=False)
         try:
             if self.engine.task != "embed":
                 raise InvalidRequestError(
@@ -80,7 +84,10 @@ class Embeddings:
             resources = exit_stack(request)
             resources.enter_context(self.admission.admit(len(ids)))
             sources = [
-                self.engine.generate(p, params, f"{request_id}-{i}") for i, p in enumerate(ids)
+                self.engine.generate(
+                    p, params, f"{request_id}-{i}", tenant=Tenant(who.tenant, who.weight)
+                )
+                for i, p in enumerate(ids)
             ]
             stream = self.admission.timed(merge(sources), self.admission.deadline(None))
             resources.push_async_callback(stream.aclose)
@@ -99,6 +106,8 @@ class Embeddings:
             return response
         done(200, None)
         finals: list[RequestOutput] = outputs  # type: ignore[assignment] - all finished
+        if who.trusted:  # the gateway charges the tenant's tokens (kvpilot_common.trust)
+            headers = {**(headers or {}), trust.USAGE_HEADER: str(done.tokens())}
         return JSONResponse(self._body(finals, parsed.encoding_format), headers=headers)
 
     def _encode(self, prompts: list[str | list[int]]) -> list[list[int]]:

@@ -139,7 +139,16 @@ class ServerMetrics:
         self.grammar_compile = histogram(
             names.GRAMMAR_COMPILE_TIME, "Time a request waited for its grammar (0 if cached)"
         )
+        self.rate_limited = Counter(
+            names.RATE_LIMITED,
+            "Requests refused (429) by a tenant's limit: requests or tokens per minute",
+            ["model", "tenant", "limit"],
+            registry=self.registry,
+        )
         self.adapters = AdapterMetrics(self.registry, model)
+
+    def refused(self, tenant: str, limit: str) -> None:
+        self.rate_limited.labels(self.model, tenant, limit).inc()
 
     def observe_grammar(self, kind: str, seconds: float) -> None:
         self.structured.labels(self.model, kind).inc()

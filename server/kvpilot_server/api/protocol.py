@@ -102,7 +102,7 @@ class SamplingFields(Body, StructuredFields):
     # vLLM's: each choice carries its token ids (a stream chunk: the ones its text came from),
     # and the response its prompt's.
     return_token_ids: bool = False
-    # kvpilot's own, honoured only with the continuation secret (kvpilot_common/continuation.py).
+    # kvpilot's own, honoured only with the gateway secret (kvpilot_common/trust.py).
     kvpilot_continue: Continuation | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:

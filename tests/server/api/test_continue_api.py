@@ -1,6 +1,6 @@
 """Taking over a stream through the API, with the official openai client: `return_token_ids`
 (vLLM's) puts each chunk's token ids on it; a request with `kvpilot_continue` (the tokens the
-client already has, the response's id and created) and the server's continuation secret goes on
+client already has, the response's id and created) and the server's gateway secret goes on
 from there: no second role chunk, the same id and created, and the rest of the text, so the two
 streams joined are the uninterrupted one, usage included, at temperature 0.8 with a seed. Without
 the secret, or for n > 1, it is a 400."""
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from kvpilot_common import continuation
+from kvpilot_common import trust
 from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 SECRET = "not-a-client-secret"
@@ -34,11 +34,11 @@ TEXT = {
 
 @pytest.fixture(scope="module")
 def client(tiny_dir) -> Iterator[openai.OpenAI]:
-    os.environ[continuation.ENV] = SECRET
+    os.environ[trust.ENV] = SECRET
     try:
         proc, base = start_tiny_server(tiny_dir("llama"))
     finally:
-        del os.environ[continuation.ENV]
+        del os.environ[trust.ENV]
     try:
         yield openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0, timeout=60)
     finally:
@@ -76,7 +76,7 @@ def test_a_stream_taken_over_midway_joins_into_the_uninterrupted_one(client, cha
             create,
             body,
             extra_body={"return_token_ids": True, "kvpilot_continue": resumed},
-            extra_headers={continuation.HEADER: SECRET},
+            extra_headers={trust.HEADER: SECRET},
         )
         assert {(c.id, c.created) for c in rest} == {(whole[0].id, whole[0].created)}
         if chat:
@@ -101,8 +101,8 @@ def test_an_answer_carries_its_token_ids_when_asked(client):
     ("headers", "extra", "param"),
     [
         ({}, {}, "kvpilot_continue"),
-        ({continuation.HEADER: "guess"}, {}, "kvpilot_continue"),
-        ({continuation.HEADER: SECRET}, {"n": 2}, "n"),
+        ({trust.HEADER: "guess"}, {}, "kvpilot_continue"),
+        ({trust.HEADER: SECRET}, {"n": 2}, "n"),
     ],
 )
 def test_a_continuation_without_the_secret_or_for_several_choices_is_refused(

@@ -1,0 +1,163 @@
+"""The API keys a listener accepts, whose each one is, and its limits: the key book.
+
+A source is --api-key-file (a line per key, `#` comments) or KVPILOT_API_KEYS (comma-separated
+entries). An entry is the key, then optional settings, separated by spaces:
+
+    sk-team-a-1  name=team-a  rpm=600  tpm=200000  weight=2
+
+- `name`: the tenant the key belongs to (several keys may share one); the default is
+  `key-` and the first hex digits of the key's SHA-256, so logs and metrics never show a key.
+- `rpm`, `tpm`: requests and tokens per minute (http/rate_limit.py); absent: unlimited.
+- `weight`: the tenant's share of the engine when tenants wait (the engine's fairness).
+
+A tenant's limits are per tenant, whatever key it uses. The file is read again when it changes
+(a Kubernetes Secret's files are replaced in place), at most once a second: keys and limits
+change without a restart. A file that no longer parses, or that names no key, is refused and
+the book it had stays in force: failing open (no keys) or closed (no one) on a typo would take
+the whole service down or open it.
+"""
+
+import hashlib
+import hmac
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpilot_common.errors import ConfigError
+
+ENV_VAR = "KVPILOT_API_KEYS"
+RECHECK_S = 1.0
+TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+log = logging.getLogger("kvpilot.keys")
+
+
+@dataclass(frozen=True)
+class Key:
+    secret: bytes
+    tenant: str
+    weight: float = 1.0
+    rpm: int | None = None
+    tpm: int | None = None
+
+
+def parse_entry(entry: str, where: str) -> Key:
+    secret, *settings = entry.split()
+    fields: dict[str, str] = {}
+    for setting in settings:
+        name, sep, value = setting.partition("=")
+        if not sep or name not in ("name", "rpm", "tpm", "weight") or name in fields:
+            raise ConfigError(
+                f"{where}: {setting!r} is not one of name=, rpm=, tpm=, weight= (once each)"
+            )
+        fields[name] = value
+    tenant = fields.get("name") or "key-" + hashlib.sha256(secret.encode()).hexdigest()[:12]
+    if not TENANT_NAME.match(tenant):
+        raise ConfigError(f"{where}: name={tenant!r}: letters, digits, '.', '_', '-' (63 at most)")
+    try:
+        weight = float(fields.get("weight", "1"))
+        rpm, tpm = (int(fields[k]) if k in fields else None for k in ("rpm", "tpm"))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if not weight > 0 or any(v is not None and v <= 0 for v in (rpm, tpm)):
+        raise ConfigError(f"{where}: weight, rpm and tpm are positive")
+    return Key(secret.encode(), tenant, weight, rpm, tpm)
+
+
+def _entries(lines: list[str], source: str) -> list[Key]:
+    return [
+        parse_entry(line, f"{source}, entry {i}")
+        for i, line in enumerate((raw.strip() for raw in lines), 1)
+        if line and not line.startswith("#")
+    ]
+
+
+class KeyBook:
+    """Every accepted key. `match` is what the listeners call; it notices a changed file."""
+
+    def __init__(self, key_file: str | None = None, env_value: str | None = None) -> None:
+        self.key_file = key_file
+        self.fixed: list[Key] = []
+        if env_value is not None:
+            self.fixed = _entries(env_value.split(","), ENV_VAR)
+            if not self.fixed:
+                raise ConfigError(f"{ENV_VAR} is set but holds no API key")
+        self.from_file: list[Key] = []
+        self._stamp: tuple | None = None
+        self._checked = 0.0
+        if key_file:
+            self.from_file = self._read()
+
+    @classmethod
+    def of(cls, keys: list[str]) -> "KeyBook":
+        """Keys given in code (tests, embedders): each its own tenant, no limits."""
+        book = cls()
+        book.fixed = [parse_entry(k, "key") for k in keys]
+        return book
+
+    @property
+    def keys(self) -> list[Key]:
+        self._maybe_reload()
+        return self.fixed + self.from_file
+
+    def __bool__(self) -> bool:
+        return bool(self.fixed or self.key_file)
+
+    def match(self, token: bytes) -> Key | None:
+        """The key `token` is, compared against every key in constant time, so the time taken
+        says nothing about which one is close."""
+        found = None
+        for key in self.keys:
+            if hmac.compare_digest(token, key.secret):
+                found = key
+        return found
+
+    def _maybe_reload(self) -> None:
+        now = time.monotonic()
+        if not self.key_file or now - self._checked < RECHECK_S:
+            return
+        self._checked = now
+        if self._file_stamp() == self._stamp:
+            return
+        try:
+            self.from_file = self._read()
+        except ConfigError as exc:
+            self._stamp = self._file_stamp()  # said once per change, not every second
+            log.error("keeping the API keys in force: %s", exc)
+        else:
+            log.info("API keys reloaded from %s: %d keys", self.key_file, len(self.from_file))
+
+    def _file_stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self.key_file)  # type: ignore[arg-type]
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _read(self) -> list[Key]:
+        assert self.key_file
+        stamp = self._file_stamp()
+        try:
+            text = Path(self.key_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"Cannot read the API key file {self.key_file}: {exc}") from exc
+        found = _entries(text.splitlines(), self.key_file)
+        if not found:
+            raise ConfigError(
+                f"The API key file {self.key_file} holds no API key (empty or only comments)"
+            )
+        self._stamp = stamp
+        return found
+
+
+def load_key_book(key_file: str | None) -> KeyBook | None:
+    """The configured keys; None when no source is configured (no authentication). A source
+    that is configured but yields no key stops the listener at start: serving without
+    authentication because a Secret was empty would fail open."""
+    env_value = os.environ.get(ENV_VAR)
+    if env_value is None and not key_file:
+        return None
+    return KeyBook(key_file, env_value)

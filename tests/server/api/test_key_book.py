@@ -1,0 +1,129 @@
+"""The key book (names, limits, weights, reload) and the token buckets' arithmetic: what
+Retry-After and the x-ratelimit-* headers say. A settable clock stands for time."""
+
+import os
+
+import pytest
+
+from kvpilot_common.errors import ConfigError
+from kvpilot_common.http import keys
+from kvpilot_common.http.keys import KeyBook, load_key_book, parse_entry
+from kvpilot_common.http.rate_limit import RateLimits, duration, refusal_headers
+
+
+def test_an_entry_names_its_tenant_limits_and_weight():
+    key = parse_entry("sk-1  name=team-a rpm=60 tpm=1000 weight=2.5", "f")
+    assert (key.secret, key.tenant, key.rpm, key.tpm, key.weight) == (
+        b"sk-1",
+        "team-a",
+        60,
+        1000,
+        2.5,
+    )
+    plain = parse_entry("sk-2", "f")
+    assert plain.tenant.startswith("key-") and "sk-2" not in plain.tenant
+    assert (plain.rpm, plain.tpm, plain.weight) == (None, None, 1.0)
+
+
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ("sk rpm=0", "positive"),
+        ("sk weight=-1", "positive"),
+        ("sk rpm=many", "invalid literal"),
+        ("sk burst=3", "not one of"),
+        ("sk rpm=1 rpm=2", "once each"),
+        ("sk name=a/b", "letters, digits"),
+    ],
+)
+def test_a_bad_entry_says_where_and_what(entry, words):
+    with pytest.raises(ConfigError, match=words) as raised:
+        parse_entry(entry, "keys.txt, entry 3")
+    assert "keys.txt, entry 3" in str(raised.value)
+
+
+def test_the_file_is_reread_when_it_changes_and_a_bad_change_keeps_the_old(tmp_path, monkeypatch):
+    monkeypatch.setattr(keys, "RECHECK_S", 0.0)
+    monkeypatch.delenv(keys.ENV_VAR, raising=False)
+    path = tmp_path / "keys.txt"
+    path.write_text("# ours\nsk-a name=a rpm=5\n")
+    book = load_key_book(str(path))
+    assert book is not None and book.match(b"sk-a").rpm == 5 and book.match(b"sk-b") is None
+    path.write_text("sk-a name=a rpm=7\nsk-b name=b\n")
+    os.utime(path, ns=(1, 1))  # a new stamp even within the file system's clock tick
+    assert book.match(b"sk-a").rpm == 7 and book.match(b"sk-b").tenant == "b"
+    path.write_text("sk-a rpm=oops\n")  # refused: the keys in force stay
+    os.utime(path, ns=(2, 2))
+    assert book.match(b"sk-a").rpm == 7 and book.match(b"sk-b") is not None
+    path.write_text("# nothing\n")
+    os.utime(path, ns=(3, 3))
+    assert book.match(b"sk-b") is not None
+
+
+def test_no_source_means_no_authentication_and_an_empty_one_stops_the_start(tmp_path, monkeypatch):
+    monkeypatch.delenv(keys.ENV_VAR, raising=False)
+    assert load_key_book(None) is None
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# none\n")
+    with pytest.raises(ConfigError, match="holds no API key"):
+        load_key_book(str(empty))
+    monkeypatch.setenv(keys.ENV_VAR, "sk-x rpm=2, sk-y")
+    book = load_key_book(None)
+    assert book is not None and book.match(b"sk-x").rpm == 2 and book.match(b"sk-y")
+    assert KeyBook.of(["k"]).match(b"k").rpm is None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_requests_per_minute_refuse_with_the_wait_until_one_is_back():
+    clock, key = Clock(), parse_entry("sk name=t rpm=60", "f")
+    limits = RateLimits(clock)
+    verdicts = [limits.admit(key) for _ in range(61)]
+    assert all(v.retry_after is None for v in verdicts[:60])
+    refused = verdicts[60]
+    assert refused.limit == "requests" and refused.retry_after == pytest.approx(1.0)
+    headers = refusal_headers(refused)
+    assert headers["Retry-After"] == "1" and headers["retry-after-ms"] == "1000"
+    assert headers["x-ratelimit-limit-requests"] == "60"
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-reset-requests"] == "1m0s"
+    clock.now += 1.0  # exactly the wait: admitted
+    assert limits.admit(key).retry_after is None
+    assert limits.admit(key).retry_after == pytest.approx(1.0)
+
+
+def test_tokens_per_minute_are_charged_after_and_a_debt_is_waited_out():
+    clock, key = Clock(), parse_entry("sk name=t tpm=600", "f")
+    limits = RateLimits(clock)
+    assert limits.admit(key).retry_after is None
+    limits.charge(key, 500)
+    assert limits.admit(key).headers["x-ratelimit-remaining-tokens"] == "100"
+    limits.charge(key, 400)  # 300 in debt: 30 s at 10 tokens a second
+    refused = limits.admit(key)
+    assert refused.limit == "tokens" and refused.retry_after == pytest.approx(30.0)
+    clock.now += 29.9
+    assert limits.admit(key).retry_after == pytest.approx(0.1)
+    clock.now += 0.1
+    assert limits.admit(key).retry_after is None
+
+
+def test_a_lowered_limit_cuts_the_bucket_and_tenants_are_apart():
+    clock = Clock()
+    limits = RateLimits(clock)
+    wide, narrow = parse_entry("sk name=t rpm=100", "f"), parse_entry("sk name=t rpm=2", "f")
+    assert limits.admit(wide).headers["x-ratelimit-remaining-requests"] == "99"
+    assert limits.admit(narrow).headers["x-ratelimit-remaining-requests"] == "1"
+    assert limits.admit(parse_entry("sk2 name=u rpm=2", "f")).retry_after is None
+
+
+@pytest.mark.parametrize(
+    "seconds, text", [(0.0004, "1ms"), (0.12, "120ms"), (1.5, "1.5s"), (360, "6m0s")]
+)
+def test_resets_are_written_as_openai_writes_them(seconds, text):
+    assert duration(seconds) == text
