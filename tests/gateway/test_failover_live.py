@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from kvpilot_common import trust
 from kvpilot_common import metric_names as names
+from kvpilot_common import trust
 from kvpilot_testing.kube.cluster import wait_for
 from kvpilot_testing.kube.gateway import Gateway
 from kvpilot_testing.live_server import start_tiny_server, stop_server
