@@ -108,6 +108,8 @@ def _gateway(metrics: GatewayMetrics, tick: int) -> None:
         metrics.retries.labels(*labels).inc()
     if tick % 3 == 1:
         metrics.resumes.labels(*labels, "connection" if tick % 2 else "ended_early").inc()
+    if tick % 4 == 1:
+        metrics.rate_limited.labels("team-a", "tokens" if tick % 2 else "requests").inc()
 
 
 def _operator(deadline: float, gateway: GatewayMetrics) -> None:

@@ -212,4 +212,19 @@ def gateway() -> dashboard.Dashboard:
                 width=8,
             )
         )
+        .with_panel(
+            panel(
+                "Rate-limited requests/s by tenant",
+                "Requests the gateway refused with 429 because their API key's tenant was past "
+                "its requests (requests) or tokens (tokens) per minute, from the key file.",
+                [
+                    (
+                        f"sum by (tenant, limit) ({rate(names.GATEWAY_RATE_LIMITED, '')})",
+                        "{{tenant}} {{limit}}",
+                    )
+                ],
+                unit="reqps",
+                width=8,
+            )
+        )
     )
