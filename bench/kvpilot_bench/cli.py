@@ -3,6 +3,8 @@ parser in an install without the bench extra; the work is in command.py."""
 
 import argparse
 
+from kvpilot_bench import tenants
+
 
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -48,6 +50,15 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         "--no-server-metrics",
         action="store_true",
         help="do not read the server's /metrics during the run",
+    )
+    parser.add_argument(
+        "--tenant",
+        action="append",
+        type=tenants.parse,
+        default=[],
+        metavar="NAME=KEY[*SCALE]",
+        help="a tenant sending the workload with its own API key, at SCALE times the rate "
+        "(repeat: the tenants send at once, and each one's latency is reported)",
     )
     compare = parser.add_argument_group(
         "compare", "the same requests against a second server, after the first"

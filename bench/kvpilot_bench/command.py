@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot_bench import plan, prompts, report, runner, tokens
+from kvpilot_bench import plan, prompts, report, runner, tenants, tokens
 from kvpilot_bench.client import Endpoint
 from kvpilot_bench.compare import side_by_side
 from kvpilot_bench.stats import Slo
@@ -53,6 +53,10 @@ def _check(args: argparse.Namespace) -> None:
             raise BenchError(f"--{name.replace('_', '-')} must be positive")
     if args.sweep_factor <= 1:
         raise BenchError("--sweep-factor must be above 1")
+    if args.tenant and (args.sweep or args.compare):
+        raise BenchError(
+            "--tenant runs the tenants at once against --url: not with --sweep or --compare"
+        )
     if (args.requests is not None and args.requests < 1) or args.max_in_flight < 1:
         raise BenchError("--requests and --max-in-flight must be at least 1")
 
@@ -112,6 +116,8 @@ async def _main(args: argparse.Namespace) -> int:
         stop=stop,
     )
     key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    if key is None and args.tenant:  # the model list and tokenizer probe: any tenant may ask
+        key = args.tenant[0].key
     async with httpx.AsyncClient(timeout=30.0) as http:
         first = await _endpoint(http, args.url, key, args.model, args.label)
         endpoints = [first]
@@ -165,6 +171,13 @@ async def _main(args: argparse.Namespace) -> int:
             from kvpilot_bench.plot import plot_sweep
 
             plot_sweep(section, reports, args.plot_out)
+    elif args.tenant:
+        results, reports = await _tenants(args.tenant, first, workload, run_at)
+        doc = report.document("tenants", reports)
+        if args.plot_out and results:
+            from kvpilot_bench.plot import plot_runs
+
+            plot_runs(results, reports, args.plot_out)
     else:
         results, reports = [], []
         for endpoint in endpoints:
@@ -188,6 +201,24 @@ async def _main(args: argparse.Namespace) -> int:
         if where:
             print(f"{what}: {where}", file=sys.stderr)
     return INTERRUPTED if stop.is_set() else 0
+
+
+async def _tenants(specs: list, first: Endpoint, workload: Workload, run_at) -> tuple[list, list]:
+    """Every tenant's run at once, each with its key, arrivals and prompts."""
+    runs = [
+        run_at(
+            Endpoint(first.root, first.model, spec.key, spec.name),
+            tenants.workload_for(workload, spec, i),
+            spec.name,
+        )
+        for i, spec in enumerate(specs)
+    ]
+    done = await asyncio.gather(*runs)
+    results, reports = [r for r, _ in done], [rep for _, rep in done]
+    for rep in reports:
+        print(report.table(rep) + "\n")
+    print(tenants.summary(reports))
+    return results, reports
 
 
 def _sweep_text(section: dict) -> str:

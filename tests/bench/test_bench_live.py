@@ -224,3 +224,26 @@ def test_structured_preset_reports_its_figures(tiny_server, tmp_path):
         assert summary["structured"]["sent"] == summary["sent"]
     assert all(r["structured"]["variant"] for r in run["requests"])
     assert "valid share" in done.stdout
+
+
+def test_tenants_send_at_once_and_each_gets_its_own_report(tiny_dir, tmp_path):
+    keys = tmp_path / "keys.txt"
+    keys.write_text("sk-heavy name=heavy\nsk-light name=light\n")
+    proc, base = start_tiny_server(tiny_dir("llama"), "--api-key-file", str(keys))
+    try:
+        cls = {**SUMMARIZE, "share": 1}
+        workload = _workload(tmp_path, [cls], {"process": "poisson", "rate": 2}, duration=3.0)
+        done, doc = _bench(
+            "--url", base, "--api-key", "sk-light", "--workload", workload,
+            "--tenant", "heavy=sk-heavy*4", "--tenant", "light=sk-light",
+            "--json-out", str(tmp_path / "t.json"),
+        )  # fmt: skip
+    finally:
+        stop_server(proc)
+    assert done.returncode == 0, done.stderr
+    validate(doc)
+    assert doc["mode"] == "tenants" and [r["label"] for r in doc["runs"]] == ["heavy", "light"]
+    heavy, light = (r["totals"] for r in doc["runs"])
+    assert heavy["ok"] == heavy["sent"] and light["ok"] == light["sent"] > 0
+    assert heavy["sent"] > 2 * light["sent"]  # four times the rate
+    assert "tenant" in done.stdout and "TTFT p95" in done.stdout
