@@ -215,10 +215,10 @@ def build_app(state: State) -> Starlette:
             path = request.url.path
             failover = Failover(state, model, key, path, body, sent, endpoint)
             done = _finish(failover, model, upstream.status)
+            # Without the secret no server reports tokens (options.py refuses tpm limits then).
+            charge = caller(request).charge if settings.gateway_secret else None
             if not resumable:
-                return Passthrough(
-                    upstream, done, settings.upstream_idle_timeout, charge=caller(request).charge
-                )
+                return Passthrough(upstream, done, settings.upstream_idle_timeout, charge=charge)
             tracker = resume.Tracker(keep_ids=wanted.token_ids)
             return Passthrough(
                 upstream,
@@ -227,7 +227,7 @@ def build_app(state: State) -> Starlette:
                 tracker,
                 failover,
                 settings.max_resumes,
-                caller(request).charge,
+                charge,
             )
         count(*labels, "upstream_error").inc()
         return _with_retry_after(

@@ -194,6 +194,12 @@ def settings(args: argparse.Namespace, api_keys: KeyBook | None) -> Settings:
     except ValueError as exc:
         raise ValueError(f"--trusted-proxy: {exc}") from None
     backends = parse_backends(args.backend)
+    secret = trust.secret_from_env()
+    if api_keys and not secret and any(k.tpm for k in api_keys.keys):
+        raise ValueError(
+            f"tpm limits in the key file need ${trust.ENV} (the servers' too): a server "
+            "reports a request's tokens only to the gateway that proves itself with it"
+        )
     if backends and args.namespace:
         raise ValueError(
             "--backend and --namespace exclude each other: without Kubernetes "
@@ -211,7 +217,7 @@ def settings(args: argparse.Namespace, api_keys: KeyBook | None) -> Settings:
         scrape_interval=args.scrape_interval,
         retries=args.retries,
         max_resumes=args.max_resumes,
-        gateway_secret=trust.secret_from_env(),
+        gateway_secret=secret,
         gateway_id=args.gateway_id,
         api_keys=api_keys,
         body_timeout=args.body_timeout,

@@ -11,6 +11,7 @@ gets the client a 504 (not a retry: it may be generating).
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -18,12 +19,15 @@ import aiohttp
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from kvpilot_common import trust
 from kvpilot_common.http.errors import error_body
 from kvpilot_gateway.headers import end_to_end
 from kvpilot_gateway.resume import Tracker
 from kvpilot_gateway.usage import UsageTap
 
 T = TypeVar("T")
+log = logging.getLogger("kvpilot.gateway")
+_UNREPORTED: set[tuple] = set()  # replicas warned about, once each
 
 
 async def until_disconnect(receive: Receive) -> None:
@@ -117,9 +121,24 @@ class Passthrough:
                 self.upstream.release()  # read to its end: the connection is reused
             else:
                 self.upstream.close()  # the replica sees the connection close and aborts
-            if self.charge is not None and self.usage.tokens:
-                self.charge(self.usage.tokens)
+            if self.charge is not None:
+                self._charge(outcome)
             self.done(outcome)
+
+    def _charge(self, outcome: str) -> None:
+        assert self.charge is not None
+        if self.usage.tokens is not None:
+            self.charge(self.usage.tokens)
+        elif outcome == "ok" and self.upstream.status == 200:
+            where = self.upstream.url.host, self.upstream.url.port
+            if where not in _UNREPORTED:
+                _UNREPORTED.add(where)
+                log.warning(
+                    "replica %s:%s sent no token count: is %s set on it as on the gateway? "
+                    "Its answers are not charged to tokens-per-minute limits",
+                    *where,
+                    trust.ENV,
+                )
 
     async def _relay(self, send: Send) -> str:
         if self.tracker is not None:

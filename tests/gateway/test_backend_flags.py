@@ -53,3 +53,18 @@ def test_backends_and_namespaces_exclude_each_other():
     assert made.backends == (("m", ("127.0.0.1:8000",)),) and made.namespaces == ()
     with pytest.raises(ValueError, match="--backend and --namespace"):
         settings(_args("--backend", "m=http://127.0.0.1:8000", "--namespace", "x"), [])
+
+
+def test_tokens_per_minute_limits_need_the_gateway_secret(monkeypatch):
+    from kvpilot_common import trust
+    from kvpilot_common.http.keys import KeyBook
+
+    book = KeyBook.of(["sk-a"])
+    book.fixed = [*book.fixed, *KeyBook(env_value="sk-b tpm=100").fixed]
+    monkeypatch.delenv(trust.ENV, raising=False)
+    with pytest.raises(ValueError, match=f"tpm limits in the key file need \\${trust.ENV}"):
+        settings(_args("--backend", "a=http://h:1"), book)
+    monkeypatch.setenv(trust.ENV, "s")
+    assert settings(_args("--backend", "a=http://h:1"), book).gateway_secret == "s"
+    monkeypatch.delenv(trust.ENV)
+    assert settings(_args("--backend", "a=http://h:1"), KeyBook.of(["sk-a"])).api_keys
