@@ -43,6 +43,13 @@ def pull_secrets() -> tuple[str, ...]:
     return tuple(n.strip() for n in names if n.strip())
 
 
+def gateway_secret() -> tuple[str, str] | None:
+    """The Secret and key holding the gateway's secret (the chart's gateway.secretRef),
+    `name/key`; each model namespace must hold it, as the pull secrets."""
+    name, _, key = os.environ.get("KVPILOT_GATEWAY_SECRET_REF", "").partition("/")
+    return (name, key) if name and key else None
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return credentials.connection(os.environ, **kwargs)
@@ -80,7 +87,7 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch) -> None:
     if check(spec).fits is False:
         _forget_rejection(meta, patch)  # nothing was applied, so nothing was refused
         return
-    plan = render(meta["name"], meta["namespace"], spec, image(), pull_secrets())
+    plan = render(meta["name"], meta["namespace"], spec, image(), pull_secrets(), gateway_secret())
     _carry_out(plan, body, patch, meta.get("generation", 1))
     _forget_rejection(meta, patch)
 

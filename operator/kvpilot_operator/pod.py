@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from kvpilot_common import trust
 from kvpilot_common.naming import PORT, PORT_NAME
 from kvpilot_operator import adapters
 from kvpilot_operator.engine_flags import (
@@ -26,12 +27,21 @@ TMP_SIZE_LIMIT = "1Gi"
 Object = dict[str, Any]
 
 
-def pod_spec(spec: Spec, image: str, name: str, pull_secrets: Sequence[str] = ()) -> Object:
+SecretKey = tuple[str, str]  # a Secret's name and its data key
+
+
+def pod_spec(
+    spec: Spec,
+    image: str,
+    name: str,
+    pull_secrets: Sequence[str] = (),
+    gateway_secret: SecretKey | None = None,
+) -> Object:
     """The pod template's spec for ModelDeployment `name`."""
     # SIGTERM comes after preStop; the server then drains for up to drainTimeoutSeconds.
     grace = PRESTOP_SLEEP_SECONDS + spec.probes.drain_timeout_seconds + 10
     pod: dict[str, Any] = {
-        "containers": [server_container(spec, image, name)],
+        "containers": [server_container(spec, image, name, gateway_secret)],
         "volumes": volumes(spec) + adapters.volumes(spec, name),
         "terminationGracePeriodSeconds": grace,
         "securityContext": {
@@ -74,7 +84,9 @@ def _hardened() -> dict:
     }
 
 
-def server_container(spec: Spec, image: str, name: str) -> Object:
+def server_container(
+    spec: Spec, image: str, name: str, gateway_secret: SecretKey | None = None
+) -> Object:
     resources = spec.resources
     limits = {"cpu": resources.cpu, "memory": resources.memory}
     if resources.gpus:
@@ -91,6 +103,7 @@ def server_container(spec: Spec, image: str, name: str) -> Object:
             {"name": "HF_HOME", "value": f"{CACHE_DIR}/hf"},
             {"name": "HF_HUB_OFFLINE", "value": "1"},  # weights are local by now
             {"name": "HOME", "value": "/tmp"},
+            *_gateway_secret(gateway_secret),
         ],
         "resources": {"requests": dict(limits), "limits": limits},
         # Model loading can take many minutes: the startup probe, not liveness, waits for it.
@@ -112,6 +125,17 @@ def server_container(spec: Spec, image: str, name: str) -> Object:
         "securityContext": _hardened(),
         "volumeMounts": mounts(spec) + adapters.mounts(spec),
     }
+
+
+def _gateway_secret(ref: SecretKey | None) -> list[Object]:
+    """The secret kvpilot's gateway proves itself with (kvpilot_common.trust): with it a
+    server continues the gateway's broken streams and serves the tenant it names. Optional: a
+    model namespace without the Secret still serves, only without those."""
+    if ref is None:
+        return []
+    name, key = ref
+    secret = {"secretKeyRef": {"name": name, "key": key, "optional": True}}
+    return [{"name": trust.ENV, "valueFrom": secret}]
 
 
 def download_container(spec: Spec, image: str) -> Object:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kvpilot_common.naming import PORT, labels, selector_labels
 from kvpilot_operator import adapters
-from kvpilot_operator.pod import Object, pod_spec
+from kvpilot_operator.pod import Object, SecretKey, pod_spec
 from kvpilot_operator.spec import Spec
 
 
@@ -33,18 +33,23 @@ class Plan:
 
 
 def render(
-    name: str, namespace: str, spec: Spec, image: str, pull_secrets: Sequence[str] = ()
+    name: str,
+    namespace: str,
+    spec: Spec,
+    image: str,
+    pull_secrets: Sequence[str] = (),
+    gateway_secret: SecretKey | None = None,
 ) -> Plan:
     """Deployment and Service, plus a PodDisruptionBudget when more than one replica runs (a
     voluntary disruption such as a node drain then takes them one at a time; a budget of one
     unavailable out of one protects nothing, so below two the plan deletes any left from a
     larger size). `image` is the operator's own version, used unless spec.image names another;
     model pods pull with `pull_secrets` (Secret names each model namespace must hold), as the
-    operator does."""
+    operator does, and read the gateway's secret from `gateway_secret` (likewise; pod.py)."""
     meta = {"name": name, "namespace": namespace, "labels": labels(name)}
     replicas = spec.desired_replicas
     objects = [
-        deployment(meta, spec, spec.image or image, replicas, pull_secrets),
+        deployment(meta, spec, spec.image or image, replicas, pull_secrets, gateway_secret),
         service(meta, spec),
     ]
     removals = []
@@ -83,7 +88,12 @@ def service(meta: dict, spec: Spec) -> Object:
 
 
 def deployment(
-    meta: dict, spec: Spec, image: str, replicas: int, pull_secrets: Sequence[str] = ()
+    meta: dict,
+    spec: Spec,
+    image: str,
+    replicas: int,
+    pull_secrets: Sequence[str] = (),
+    gateway_secret: SecretKey | None = None,
 ) -> Object:
     name = meta["name"]
     annotations = {
@@ -105,7 +115,7 @@ def deployment(
             },
             "template": {
                 "metadata": {"labels": labels(name), "annotations": annotations},
-                "spec": pod_spec(spec, image, name, pull_secrets),
+                "spec": pod_spec(spec, image, name, pull_secrets, gateway_secret),
             },
         },
     }

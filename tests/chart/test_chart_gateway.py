@@ -270,3 +270,45 @@ def test_routing_choices_are_the_gateways():
     for routing in ROUTING:
         found = objects(render({"gateway": {"routing": routing}}))
         assert _args(_container(found)).routing == routing
+
+
+def test_the_gateway_secret_reaches_the_gateway_and_through_the_operator_the_model_pods(
+    monkeypatch,
+):
+    from kvpilot_common import trust
+    from kvpilot_operator import crd, handlers
+    from kvpilot_operator.render import render as render_model
+    from kvpilot_operator.spec import Spec
+    from tests.operator.crd_cases import BASE
+
+    values = {"gateway": {"secretRef": {"name": "kvpilot-gateway", "key": "token"}}}
+    found = objects(render(values))
+    env = {e["name"]: e for e in _container(found)["env"]}
+    assert env[trust.ENV]["valueFrom"]["secretKeyRef"] == {
+        "name": "kvpilot-gateway",
+        "key": "token",
+    }
+    (operator,) = [
+        c
+        for d in of_kind(found, "Deployment")
+        if d not in component(found, "gateway")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    ]
+    ref = {e["name"]: e.get("value") for e in operator["env"]}["KVPILOT_GATEWAY_SECRET_REF"]
+    monkeypatch.setenv("KVPILOT_GATEWAY_SECRET_REF", ref)
+    secret = handlers.gateway_secret()
+    assert secret == ("kvpilot-gateway", "token")
+    spec = Spec.from_defaulted(crd.with_defaults(BASE))
+    plan = render_model("m", "team", spec, "img", (), secret)
+    (server,) = plan.apply[0]["spec"]["template"]["spec"]["containers"]
+    model_env = {e["name"]: e for e in server["env"]}
+    assert model_env[trust.ENV]["valueFrom"]["secretKeyRef"] == {
+        "name": "kvpilot-gateway",
+        "key": "token",
+        "optional": True,  # a model namespace without it still serves
+    }
+    # Without it: no variable anywhere.
+    plain = objects(render())
+    assert trust.ENV not in {e["name"] for e in _container(plain)["env"]}
+    monkeypatch.delenv("KVPILOT_GATEWAY_SECRET_REF")
+    assert handlers.gateway_secret() is None
