@@ -114,8 +114,8 @@ class Scheduler:
     def _schedule_waiting(self, batch: dict[Sequence, int]) -> None:
         for priority in Priority:
             held: set[Sequence] = set()  # keep their place: they run as soon as they can
+            tenants = Counter(s.tenant.name for s in self.running)  # kept up to date below
             while self._budget(batch) > 0:
-                tenants = Counter(s.tenant.name for s in self.running)
                 seq = self.waiting.next(priority, held, tenants)
                 if seq is None:
                     break
@@ -129,9 +129,11 @@ class Scheduler:
                 )
                 if not fits:
                     if priority is Priority.INTERACTIVE and self._evict_batch_work(batch):
+                        tenants = Counter(s.tenant.name for s in self.running)
                         continue
                     if (victim := self.waiting.overserved(seq, self.running)) is not None:
                         self._preempt(victim, batch)
+                        tenants[victim.tenant.name] -= 1
                         continue
                     break
                 if seq.adapter and not self.lora.acquire(seq.adapter):  # type: ignore[union-attr]
@@ -142,6 +144,7 @@ class Scheduler:
                 self.pool.allocate(seq, n, hits)
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
+                tenants[seq.tenant.name] += 1
                 batch[seq] = n
 
     def _awaits_prefill(self, seq: Sequence, num_hit_blocks: int) -> bool:
