@@ -217,8 +217,15 @@ def build_app(state: State) -> Starlette:
             done = _finish(failover, model, upstream.status)
             # Without the secret no server reports tokens (options.py refuses tpm limits then).
             charge = caller(request).charge if settings.gateway_secret else None
+            guess = len(body) // 4  # a prompt's tokens, roughly, if no count is reported
             if not resumable:
-                return Passthrough(upstream, done, settings.upstream_idle_timeout, charge=charge)
+                return Passthrough(
+                    upstream,
+                    done,
+                    settings.upstream_idle_timeout,
+                    charge=charge,
+                    prompt_estimate=guess,
+                )
             tracker = resume.Tracker(keep_ids=wanted.token_ids)
             return Passthrough(
                 upstream,
@@ -228,6 +235,7 @@ def build_app(state: State) -> Starlette:
                 failover,
                 settings.max_resumes,
                 charge,
+                guess,
             )
         count(*labels, "upstream_error").inc()
         return _with_retry_after(

@@ -84,9 +84,11 @@ class Passthrough:
         resume: Resume | None = None,
         max_resumes: int = 0,
         charge: Callable[[int], None] | None = None,  # the tenant's tokens, once reported
+        prompt_estimate: int = 0,  # what to charge for the prompt if nothing is reported
     ) -> None:
         self.upstream, self.done, self.idle_timeout = upstream, done, idle_timeout
         self.charge, self.usage = charge, UsageTap()
+        self.prompt_estimate = prompt_estimate
         content_type = upstream.headers.get("content-type", "")
         self.sse = content_type.startswith("text/event-stream")
         self.tracker = tracker if self.sse and upstream.status == 200 else None
@@ -126,16 +128,20 @@ class Passthrough:
             self.done(outcome)
 
     def _charge(self, outcome: str) -> None:
+        """The tenant's tokens: as the replica reported them, else (the client or the replica
+        left before the report) an estimate, so that leaving early does not dodge the limit."""
         assert self.charge is not None
         if self.usage.tokens is not None:
             self.charge(self.usage.tokens)
-        elif outcome == "ok" and self.upstream.status == 200:
+            return
+        self.charge(self.prompt_estimate + self.usage.events)
+        if outcome == "ok" and self.upstream.status == 200 and not self.sse:
             where = self.upstream.url.host, self.upstream.url.port
             if where not in _UNREPORTED:
                 _UNREPORTED.add(where)
                 log.warning(
                     "replica %s:%s sent no token count: is %s set on it as on the gateway? "
-                    "Its answers are not charged to tokens-per-minute limits",
+                    "Its answers are charged to tokens-per-minute limits by estimate",
                     *where,
                     trust.ENV,
                 )

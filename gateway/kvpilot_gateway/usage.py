@@ -1,7 +1,8 @@
 """The tokens a replica reports for a request the gateway forwarded (kvpilot_common.trust):
 what the gateway charges to the tenant's tokens per minute. A whole answer reports them in a
 header, which the client does not see; a stream in a comment before its [DONE], which clients
-skip. A resumed stream's last replica reports the whole answer's, so the last report counts."""
+skip. A resumed stream's last replica reports the whole answer's, so the last report counts.
+Without a report (the client left first), the events relayed stand for the output's tokens."""
 
 import contextlib
 
@@ -9,12 +10,14 @@ from kvpilot_common import trust
 
 _HEADER = trust.USAGE_HEADER.encode()
 _MARK = b": " + trust.USAGE_COMMENT.encode() + b" "
+_EVENT = b"data: {"
 _KEEP = len(_MARK) + 24  # a report split across two reads is still found
 
 
 class UsageTap:
     def __init__(self) -> None:
         self.tokens: int | None = None
+        self.events = 0  # data events seen: about a token each
         self._tail = b""
 
     def headers(self, raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -29,6 +32,8 @@ class UsageTap:
 
     def feed(self, chunk: bytes) -> None:
         data = self._tail + chunk
+        # Those wholly in the tail were counted with the read before.
+        self.events += data.count(_EVENT, max(0, len(self._tail) - len(_EVENT) + 1))
         start = data.rfind(_MARK)
         if start >= 0 and (end := data.find(b"\n", start)) >= 0:
             self._take(data[start + len(_MARK) : end])

@@ -3,6 +3,7 @@ where Service and pod addresses lead somewhere); prints one JSON line per event.
 
     in_the_cluster.py post URL BODY               the answer: {"status", "body"}
     in_the_cluster.py get URL {}                  the same for a GET
+    in_the_cluster.py text URL {}                 a GET's text: {"status", "text"} (/metrics)
     in_the_cluster.py stream URL BODY READY_URL   streams; after the first chunk says
         {"event": "streaming"} and watches READY_URL (the serving pod's /ready) until it fails,
         saying {"event": "draining", "chunks": n}; at the end {"event": "end", ...}
@@ -26,6 +27,11 @@ def post(url: str, body: dict) -> None:
 def get(url: str) -> None:
     answer = httpx.get(url, timeout=60)
     print(json.dumps({"status": answer.status_code, "body": answer.json()}), flush=True)
+
+
+def text(url: str) -> None:
+    answer = httpx.get(url, timeout=60)
+    print(json.dumps({"status": answer.status_code, "text": answer.text}), flush=True)
 
 
 def stream(url: str, body: dict, ready_url: str) -> None:
@@ -75,5 +81,7 @@ if __name__ == "__main__":
         post(url, body)
     elif command == "get":
         get(url)
+    elif command == "text":
+        text(url)
     else:
         stream(url, body, sys.argv[4])

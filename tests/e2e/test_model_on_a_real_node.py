@@ -3,7 +3,9 @@ the operator and server-cpu images built from the Dockerfile, `builtin-cpu.yaml`
 shipped but for its CPUs, and the pods the operator makes started by the kubelet (uid 1000,
 read-only root, the operator's probes, the kernels prebuilt in the image). Then what a model
 owner does to it: a chat completion through the model's Service and through the gateway's (as a
-client pod in the cluster sends them), `kubectl scale` to 2 and back, a pod deleted while it
+client pod in the cluster sends them), `kubectl scale` to 2, a pod killed without a drain while
+it streams through the gateway (the gateway, sharing its secret with the model pods through the
+chart and the operator, goes on from the other replica), back to 1, a pod deleted while it
 streams (the stream drains to its end), the ModelDeployment deleted (its children go), a
 model at zero replicas woken by a request held in the gateway's pod, the autoscaler under load,
 and LoRA adapters on a PersistentVolumeClaim served through the gateway, one more added to the
@@ -18,7 +20,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from kvpilot_common import metric_names as names
 from kvpilot_common.naming import INSTANCE_LABEL
 from kvpilot_server.models.builtin import builtin_path
 from kvpilot_testing.kube.cluster import (
@@ -42,6 +46,8 @@ CLIENT = Path(__file__).parent / "in_the_cluster.py"
 # The node has 2 cores: two model replicas beside the operator (100m) and the gateway (2 x 200m).
 CPU = "700m"
 TOKENS = 200  # streamed by the pod deleted mid-stream
+RESUMED_TOKENS = 80  # streamed through the gateway by the pod killed mid-stream
+GATEWAY_SECRET = "kvpilot-gateway"  # the Secret's name in the release and model namespaces
 # Its drain timeout: room for those tokens at a slow machine's pace (about 4 a second at 0.7 of
 # one of its cores), where the default 60 s was measured too short.
 DRAIN_S = 120
@@ -68,12 +74,20 @@ LOAD = {
 @pytest.fixture(scope="module")
 def cluster(real_node) -> Iterator[Cluster]:
     values = ["--set", "watch.scope=All", "--set", "image.pullPolicy=Never"]
+    values += ["--set", f"gateway.secretRef.name={GATEWAY_SECRET}"]
     for key, target in (("image", "operator"), ("modelImage", "server-cpu")):
         name, archive = project_image(target)
         real_node.node.import_image(archive)
         values += chart_values(key, name)
+    # The gateway secret, as a platform team creates it: in the release namespace (before the
+    # gateway's pods start) and in the model namespace.
+    for namespace in (NAMESPACE, "models"):
+        create_namespace(real_node.plane, namespace)
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": GATEWAY_SECRET}}
+        secret["stringData"] = {"secret": "e2e-gateway-secret"}
+        with real_node.plane.client() as http:
+            http.post(f"/api/v1/namespaces/{namespace}/secrets", json=secret).raise_for_status()
     installed = install(real_node.plane, *values)
-    create_namespace(real_node.plane, "models")
     cluster = Cluster(real_node.plane, "models", installed.operator_kubeconfig)
 
     def chart_ready() -> bool:  # the operator's and the gateway's pods all Ready
@@ -174,12 +188,68 @@ def test_the_cpu_sample_turns_ready_and_answers_through_its_service_and_the_gate
     assert through["body"]["choices"][0]["message"]["content"] == answer
 
 
-def test_kubectl_scale_to_two_and_back(cluster):
+def test_kubectl_scale_to_two(cluster):
     _kubectl(cluster, "scale", "modeldeployment/smollm2", "--replicas=2")
     _wait_replicas(cluster, "smollm2", 2, 300, "two ready replicas")
+
+
+def test_a_pod_killed_mid_stream_through_the_gateway_goes_on_from_the_other_and_back_to_one(
+    cluster,
+):
+    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": RESUMED_TOKENS}
+    body |= {"temperature": 0, "ignore_eos": True}
+    url = _gateway(cluster) + "/v1/completions"
+    whole = _post(url, body)  # uninterrupted, for comparison
+    assert whole["status"] == 200, whole
+    stream = body | {"stream": True, "stream_options": {"include_usage": True}}
+    with _client("stream", url, json.dumps(stream), _gateway(cluster) + "/ready") as client:
+        assert client.stdout is not None
+        try:
+            events = [json.loads(client.stdout.readline())]
+            assert events[0] == {"event": "streaming"}, events
+            (serving,) = [p for p in _pods(cluster, "smollm2") if _running(p)]
+            # No preStop, no drain: the kubelet kills the container.
+            name = serving["metadata"]["name"]
+            _kubectl(cluster, "delete", "pod", name, "--grace-period=0", "--force")
+            events += [json.loads(line) for line in client.stdout]
+            _, err = client.communicate(timeout=60)
+        finally:
+            client.kill()
+    assert client.returncode == 0, err[-2000:]
+    end = events[-1]
+    assert end["event"] == "end" and end["done"] and end["finish_reason"] == "length", end
+    assert end["text"] == whole["body"]["choices"][0]["text"]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # cache hits may differ
+    assert [end["usage"][k] for k in counts] == [whole["body"]["usage"][k] for k in counts]
+    metrics = _text(_gateway(cluster) + "/metrics")
+    resumed = [
+        s.value
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+        if s.name == names.GATEWAY_RESUMES
+    ]
+    assert sum(resumed) >= 1, resumed
+    print(json.dumps({"resumed": {k: v for k, v in end.items() if k != "text"}}))
     _kubectl(cluster, "scale", "modeldeployment/smollm2", "--replicas=1")
     _wait_replicas(cluster, "smollm2", 1, 180, "one replica again")
     assert cluster.get(DEPLOYMENTS, "smollm2")["spec"]["replicas"] == 1
+
+
+def _text(url: str) -> str:
+    answer = _post(url, {}, command="text")
+    assert answer["status"] == 200, answer
+    return answer["text"]
+
+
+def _running(pod: dict) -> bool:
+    """Whether the pod is generating now, from its /metrics."""
+    text = _text(f"http://{pod['status']['podIP']}:8000/metrics")
+    return any(
+        s.value > 0
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == names.REQUESTS_RUNNING
+    )
 
 
 def test_a_pod_deleted_while_it_streams_drains_the_stream_to_its_end(cluster):

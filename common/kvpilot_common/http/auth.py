@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvpilot_common import trust
 from kvpilot_common.http.errors import error_response
-from kvpilot_common.http.keys import TENANT_NAME, Key, KeyBook
+from kvpilot_common.http.keys import TENANT_NAME, Key, KeyBook, clamp_weight
 from kvpilot_common.http.rate_limit import RateLimits, Verdict, refusal_headers
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
@@ -28,7 +28,7 @@ STATE = "kvpilot_caller"
 class Caller:
     tenant: str = ""  # "": no API keys, everyone is one tenant
     weight: float = 1.0
-    charge: Callable[[int], None] = lambda tokens: None
+    charge: Callable[[int], None] | None = None  # None: no tokens-per-minute limit to charge
     trusted: bool = False  # forwarded by kvpilot's gateway, with its secret
 
 
@@ -72,7 +72,7 @@ class ApiKeyMiddleware:
         if forwarded is not None:
             who = forwarded
         elif key is not None:
-            who = Caller(key.tenant, key.weight, self._charger(key))
+            who = Caller(key.tenant, key.weight or 1.0, self._charger(key))
             if self.limits is not None and (key.rpm or key.tpm):
                 verdict = self.limits.admit(key)
         else:
@@ -102,22 +102,24 @@ class ApiKeyMiddleware:
         return self.keys.match(token.strip())
 
     def _forwarded(self, headers: dict[bytes, bytes]) -> Caller | None:
+        """The tenant kvpilot's gateway names, with its secret. A gateway without keys names
+        none: the request is then the key's, limits and all, as if sent here directly."""
         sent = headers.get(trust.HEADER.encode())
         if sent is None or not trust.authorized(sent, self.secret):
             return None
         tenant = headers.get(trust.TENANT_HEADER.encode(), b"").decode("latin-1")
+        if not TENANT_NAME.match(tenant):
+            return None
         try:
             weight = float(headers.get(trust.WEIGHT_HEADER.encode(), b"1"))
         except ValueError:
             weight = 1.0
-        if not TENANT_NAME.match(tenant):
-            tenant = ""
-        return Caller(tenant, weight if weight > 0 else 1.0, trusted=True)
+        return Caller(tenant, clamp_weight(weight), trusted=True)
 
-    def _charger(self, key: Key) -> Callable[[int], None]:
+    def _charger(self, key: Key) -> Callable[[int], None] | None:
         limits = self.limits
         if limits is None or not key.tpm:
-            return ANONYMOUS.charge
+            return None
         return lambda tokens: limits.charge(key, tokens)
 
 

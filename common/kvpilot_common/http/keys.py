@@ -8,18 +8,22 @@ entries). An entry is the key, then optional settings, separated by spaces:
 - `name`: the tenant the key belongs to (several keys may share one); the default is
   `key-` and the first hex digits of the key's SHA-256, so logs and metrics never show a key.
 - `rpm`, `tpm`: requests and tokens per minute (http/rate_limit.py); absent: unlimited.
-- `weight`: the tenant's share of the engine when tenants wait (the engine's fairness).
+- `weight`: the tenant's share of the engine when tenants wait (the engine's fairness), from
+  MIN_WEIGHT to MAX_WEIGHT.
 
-A tenant's limits are per tenant, whatever key it uses. The file is read again when it changes
-(a Kubernetes Secret's files are replaced in place), at most once a second: keys and limits
-change without a restart. A file that no longer parses, or that names no key, is refused and
-the book it had stays in force: failing open (no keys) or closed (no one) on a typo would take
-the whole service down or open it.
+Limits and weight are the tenant's, whatever key it uses: a setting on one of its keys holds
+for all of them, and two keys of one tenant that disagree are refused.
+
+The file is read again when it changes (a Kubernetes Secret's files are replaced in place), at
+most once a second: keys and limits change without a restart. A file that no longer parses, or
+that names no key, is refused and the book it had stays in force: failing open (no keys) or
+closed (no one) on a typo would take the whole service down or open it.
 """
 
 import hashlib
 import hmac
 import logging
+import math
 import os
 import re
 import time
@@ -30,6 +34,9 @@ from kvpilot_common.errors import ConfigError
 
 ENV_VAR = "KVPILOT_API_KEYS"
 RECHECK_S = 1.0
+# A tenant's share is a ratio to others': bounded, so that no counter stands still (an infinite
+# weight) or overflows (a vanishing one) and fairness stays arithmetic.
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 log = logging.getLogger("kvpilot.keys")
@@ -39,7 +46,7 @@ log = logging.getLogger("kvpilot.keys")
 class Key:
     secret: bytes
     tenant: str
-    weight: float = 1.0
+    weight: float | None = 1.0  # None: as parsed, not set (settle() gives it the tenant's)
     rpm: int | None = None
     tpm: int | None = None
 
@@ -62,9 +69,15 @@ def parse_entry(entry: str, where: str) -> Key:
         rpm, tpm = (int(fields[k]) if k in fields else None for k in ("rpm", "tpm"))
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    if not weight > 0 or any(v is not None and v <= 0 for v in (rpm, tpm)):
-        raise ConfigError(f"{where}: weight, rpm and tpm are positive")
-    return Key(secret.encode(), tenant, weight, rpm, tpm)
+    if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        raise ConfigError(f"{where}: weight is from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}")
+    if any(v is not None and v <= 0 for v in (rpm, tpm)):
+        raise ConfigError(f"{where}: rpm and tpm are positive")
+    return Key(secret.encode(), tenant, weight if "weight" in fields else None, rpm, tpm)
+
+
+def clamp_weight(weight: float) -> float:
+    return min(MAX_WEIGHT, max(MIN_WEIGHT, weight)) if math.isfinite(weight) else 1.0
 
 
 def _entries(lines: list[str], source: str) -> list[Key]:
@@ -72,6 +85,33 @@ def _entries(lines: list[str], source: str) -> list[Key]:
         parse_entry(line, f"{source}, entry {i}")
         for i, line in enumerate((raw.strip() for raw in lines), 1)
         if line and not line.startswith("#")
+    ]
+
+
+def settle(keys: list[Key]) -> list[Key]:
+    """Each key with its tenant's settings: what any of the tenant's keys sets (weight 1 when
+    none does). ConfigError when two keys of one tenant set one thing differently."""
+    settings: dict[str, dict[str, float | int]] = {}
+    for key in keys:
+        known = settings.setdefault(key.tenant, {})
+        for field in ("weight", "rpm", "tpm"):
+            value = getattr(key, field)
+            if value is None:
+                continue
+            if known.setdefault(field, value) != value:
+                raise ConfigError(
+                    f"tenant {key.tenant}: its keys set {field} to {known[field]:g} and "
+                    f"{value:g}; set it once (it holds for all of them)"
+                )
+    return [
+        Key(
+            key.secret,
+            key.tenant,
+            float(settings[key.tenant].get("weight", 1.0)),
+            settings[key.tenant].get("rpm"),  # type: ignore[arg-type]
+            settings[key.tenant].get("tpm"),  # type: ignore[arg-type]
+        )
+        for key in keys
     ]
 
 
@@ -90,18 +130,20 @@ class KeyBook:
         self._checked = 0.0
         if key_file:
             self.from_file = self._read()
+        self.settled = settle(self.fixed + self.from_file)
 
     @classmethod
     def of(cls, keys: list[str]) -> "KeyBook":
         """Keys given in code (tests, embedders): each its own tenant, no limits."""
         book = cls()
         book.fixed = [parse_entry(k, "key") for k in keys]
+        book.settled = settle(book.fixed)
         return book
 
     @property
     def keys(self) -> list[Key]:
         self._maybe_reload()
-        return self.fixed + self.from_file
+        return self.settled
 
     def __bool__(self) -> bool:
         return bool(self.fixed or self.key_file)
@@ -123,7 +165,9 @@ class KeyBook:
         if self._file_stamp() == self._stamp:
             return
         try:
-            self.from_file = self._read()
+            read = self._read()
+            self.settled = settle(self.fixed + read)
+            self.from_file = read
         except ConfigError as exc:
             self._stamp = self._file_stamp()  # said once per change, not every second
             log.error("keeping the API keys in force: %s", exc)

@@ -197,7 +197,8 @@ class Accounting:
             reasons.append(reason)
         outcome = ",".join(sorted(set(reasons)))
         log_request(self.request_id, status, self.outputs, outcome, self.who.tenant)
-        self.who.charge(self.tokens())
+        if self.who.charge is not None:
+            self.who.charge(self.tokens())
 
 
 async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, None]) -> bool:

@@ -7,7 +7,7 @@ import pytest
 
 from kvpilot_common.errors import ConfigError
 from kvpilot_common.http import keys
-from kvpilot_common.http.keys import KeyBook, load_key_book, parse_entry
+from kvpilot_common.http.keys import KeyBook, load_key_book, parse_entry, settle
 from kvpilot_common.http.rate_limit import RateLimits, duration, refusal_headers
 
 
@@ -20,16 +20,28 @@ def test_an_entry_names_its_tenant_limits_and_weight():
         1000,
         2.5,
     )
-    plain = parse_entry("sk-2", "f")
+    (plain,) = settle([parse_entry("sk-2", "f")])
     assert plain.tenant.startswith("key-") and "sk-2" not in plain.tenant
     assert (plain.rpm, plain.tpm, plain.weight) == (None, None, 1.0)
+
+
+def test_a_tenants_keys_share_its_settings_and_may_not_disagree():
+    first, second = settle(
+        [parse_entry("sk-1 name=t rpm=60 weight=2", "f"), parse_entry("sk-2 name=t tpm=9", "f")]
+    )
+    assert (first.rpm, first.tpm, first.weight) == (second.rpm, second.tpm, second.weight)
+    assert (second.rpm, second.tpm, second.weight) == (60, 9, 2.0)
+    with pytest.raises(ConfigError, match="tenant t: its keys set rpm to 60 and 61"):
+        settle([parse_entry("sk-1 name=t rpm=60", "f"), parse_entry("sk-2 name=t rpm=61", "f")])
 
 
 @pytest.mark.parametrize(
     "entry, words",
     [
         ("sk rpm=0", "positive"),
-        ("sk weight=-1", "positive"),
+        ("sk weight=-1", "from 0.01 to 100"),
+        ("sk weight=inf", "from 0.01 to 100"),
+        ("sk weight=1e-320", "from 0.01 to 100"),
         ("sk rpm=many", "invalid literal"),
         ("sk burst=3", "not one of"),
         ("sk rpm=1 rpm=2", "once each"),
@@ -58,6 +70,9 @@ def test_the_file_is_reread_when_it_changes_and_a_bad_change_keeps_the_old(tmp_p
     path.write_text("# nothing\n")
     os.utime(path, ns=(3, 3))
     assert book.match(b"sk-b") is not None
+    path.write_text("sk-a name=a rpm=1\nsk-c name=a rpm=2\n")  # a tenant's keys disagree
+    os.utime(path, ns=(4, 4))
+    assert book.match(b"sk-a").rpm == 7 and book.match(b"sk-c") is None
 
 
 def test_no_source_means_no_authentication_and_an_empty_one_stops_the_start(tmp_path, monkeypatch):
@@ -127,3 +142,20 @@ def test_a_lowered_limit_cuts_the_bucket_and_tenants_are_apart():
 )
 def test_resets_are_written_as_openai_writes_them(seconds, text):
     assert duration(seconds) == text
+
+
+def test_the_gateway_reads_a_token_report_split_across_reads_and_counts_events_without_one():
+    from kvpilot_common import trust
+    from kvpilot_gateway.usage import UsageTap
+
+    tap = UsageTap()
+    stream = b'data: {"a": 1}\n\ndata: {"b": 2}\n\n: ' + trust.USAGE_COMMENT.encode()
+    stream += b" 1234\n\ndata: [DONE]\n\n"
+    for i in range(0, len(stream), 7):  # in pieces that cut the report
+        tap.feed(stream[i : i + 7])
+    assert tap.tokens == 1234 and tap.events == 2
+    headers = tap.headers([(b"content-type", b"x"), (trust.USAGE_HEADER.encode(), b"99")])
+    assert headers == [(b"content-type", b"x")] and tap.tokens == 99
+    left = UsageTap()
+    left.feed(b'data: {"a": 1}\n\ndata: {"b"')  # the client left before any report
+    assert left.tokens is None and left.events == 2

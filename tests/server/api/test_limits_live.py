@@ -111,6 +111,10 @@ def test_a_tenant_is_believed_only_with_the_gateway_secret(server):
     assert via_gateway.status_code == 200
     assert "x-ratelimit-limit-requests" not in via_gateway.headers  # the gateway limits it
     usage = via_gateway.json()["usage"]["total_tokens"]
+    # A gateway without keys names no tenant: the request is its key's, limits and all.
+    keyless = {**_auth("sk-burst"), trust.HEADER: SECRET}
+    unnamed = httpx.post(f"{base}/v1/completions", json=body, headers=keyless)
+    assert unnamed.status_code == 200 and "x-ratelimit-limit-requests" in unnamed.headers
     assert via_gateway.headers[trust.USAGE_HEADER] == str(usage)
     streamed = httpx.post(
         f"{base}/v1/completions", json={**body, "stream": True}, headers=forwarded

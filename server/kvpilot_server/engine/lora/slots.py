@@ -90,6 +90,10 @@ class LoraSlots:
         self.recent.move_to_end(slot)
         return True
 
+    def available(self, adapter_id: int) -> bool:
+        """Whether acquire() would succeed now (nothing changes)."""
+        return self.slot_of(adapter_id) is not None or any(self.pins[s] == 0 for s in self.recent)
+
     def release(self, adapter_id: int) -> None:
         """One running sequence of the adapter stopped running (finished or preempted)."""
         slot = self.slot_of(adapter_id)

@@ -101,8 +101,8 @@ class WaitQueue:
     ) -> Sequence | None:
         """The sequence to admit next in `priority`, leaving out those `passed` over in this
         step (they keep their place): the first of the tenant with the least counter; on a tie,
-        of the one with fewer sequences `running` (a newcomer is lifted to the level of those
-        waiting: it goes first), then the earlier arrival."""
+        of the one with fewer sequences of the class `running` (a newcomer is lifted to the
+        level of those waiting: it goes first), then the earlier arrival."""
         best: tuple | None = None
         for name, queue in self.queues[priority].items():
             head = next((s for s in queue if s not in passed), None)
@@ -111,12 +111,15 @@ class WaitQueue:
                 best = key if best is None or key[:3] < best[:3] else best
         return best[-1] if best is not None else None
 
-    def overserved(self, seq: Sequence, running: list[Sequence]) -> Sequence | None:
+    def overserved(
+        self, seq: Sequence, running: list[Sequence], exclude: set[Sequence]
+    ) -> Sequence | None:
         """A running sequence to preempt so that `seq`, which does not fit, can run: the latest
         of the tenant holding the most running sequences, when that is more than seq's tenant
         would hold with seq and that tenant has been served at least as much. Sequences of
-        other classes are not taken (the class rule is the scheduler's). Tenants so converge
-        on equal shares of the running sequences; none can take back what it gave up."""
+        other classes are not taken (the class rule is the scheduler's), nor those in `exclude`
+        (admitted in this step). Tenants so converge on equal shares of the running
+        sequences; none can take back what it gave up."""
         mine = seq.tenant.name
         held = Counter(s.tenant.name for s in running if s.priority == seq.priority)
         richest = max((n for n in held if n != mine), key=held.__getitem__, default=None)
@@ -124,8 +127,12 @@ class WaitQueue:
             return None
         if self.counters[richest] < self.counters[mine]:
             return None
-        same = [s for s in running if s.tenant.name == richest and s.priority == seq.priority]
-        return max(same, key=Sequence.sort_key)
+        same = [
+            s
+            for s in running
+            if s.tenant.name == richest and s.priority == seq.priority and s not in exclude
+        ]
+        return max(same, key=Sequence.sort_key, default=None)
 
     def level(self) -> float:
         """What a tenant arriving now is lifted to."""

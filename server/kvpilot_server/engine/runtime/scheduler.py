@@ -114,7 +114,9 @@ class Scheduler:
     def _schedule_waiting(self, batch: dict[Sequence, int]) -> None:
         for priority in Priority:
             held: set[Sequence] = set()  # keep their place: they run as soon as they can
-            tenants = Counter(s.tenant.name for s in self.running)  # kept up to date below
+            admitted: set[Sequence] = set()  # in this pass: never preempted by it
+            # Each tenant's running sequences of this class, kept up to date below.
+            tenants = Counter(s.tenant.name for s in self.running if s.priority is priority)
             while self._budget(batch) > 0:
                 seq = self.waiting.next(priority, held, tenants)
                 if seq is None:
@@ -129,11 +131,11 @@ class Scheduler:
                 )
                 if not fits:
                     if priority is Priority.INTERACTIVE and self._evict_batch_work(batch):
-                        tenants = Counter(s.tenant.name for s in self.running)
-                        continue
-                    if (victim := self.waiting.overserved(seq, self.running)) is not None:
+                        continue  # a batch sequence: this class's counts are as they were
+                    if (victim := self._fair_victim(seq, admitted)) is not None:
                         self._preempt(victim, batch)
                         tenants[victim.tenant.name] -= 1
+                        held.add(victim)  # not back in the step that took its slot
                         continue
                     break
                 if seq.adapter and not self.lora.acquire(seq.adapter):  # type: ignore[union-attr]
@@ -145,7 +147,15 @@ class Scheduler:
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
                 tenants[seq.tenant.name] += 1
+                admitted.add(seq)
                 batch[seq] = n
+
+    def _fair_victim(self, seq: Sequence, admitted: set[Sequence]) -> Sequence | None:
+        """A running sequence whose slot seq's tenant may take (fairness.py), unless seq could
+        not run anyway: its adapter has no slot to take."""
+        if seq.adapter and not self.lora.available(seq.adapter):  # type: ignore[union-attr]
+            return None
+        return self.waiting.overserved(seq, self.running, exclude=admitted)
 
     def _awaits_prefill(self, seq: Sequence, num_hit_blocks: int) -> bool:
         """Whether a running sequence is about to compute seq's next full block, which seq would

@@ -132,3 +132,36 @@ def test_idle_tenants_are_forgotten_and_finished_ones_leave_no_count():
     sched.add(_seq(A))  # the arrival that sweeps: every idle tenant is at or under the level
     # Kept: A, and the last tenant served, whose counter is above the level.
     assert set(sched.waiting.counters) == {"a", f"t{fairness._PRUNE_EVERY - 2}"}
+
+
+def test_a_slot_taken_back_is_not_readmitted_in_the_same_step_across_classes():
+    """Equal counters, and the newcomer's tenant runs more sequences of the other class: the
+    victim must stay out for the step, or the two would trade the slot for ever."""
+    sched = _scheduler(max_num_seqs=4)
+    a1, a2 = _seq(A, priority=Priority.BATCH), _seq(A, priority=Priority.BATCH)
+    for seq in (a1, a2, _seq(B), _seq(B)):
+        sched.add(seq)
+    _step(sched)
+    assert sched.waiting.counters["a"] == sched.waiting.counters["b"]
+    late = _seq(B, priority=Priority.BATCH)
+    sched.add(late)
+    batch = _step(sched)
+    assert late in batch and a2 not in batch and a2 in sched.waiting
+    assert sched.num_preemptions == 1
+
+
+def test_no_slot_is_taken_for_an_adapter_that_could_not_run():
+    class NoSlot:
+        def available(self, adapter_id: int) -> bool:
+            return False
+
+    sched = Scheduler(EngineConfig(block_size=4, max_num_seqs=2), BlockPool(256, 4, False))
+    sched.lora = NoSlot()  # type: ignore[assignment] - every slot is pinned by other adapters
+    for _ in range(3):
+        sched.add(_seq(A))
+    _step(sched)
+    wants = _seq(B)
+    wants.adapter = 7
+    sched.add(wants)
+    _step(sched)
+    assert _names(sched.running) == ["a", "a"] and sched.num_preemptions == 0
