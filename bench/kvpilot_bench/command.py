@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -203,7 +204,12 @@ async def _main(args: argparse.Namespace) -> int:
     return INTERRUPTED if stop.is_set() else 0
 
 
-async def _tenants(specs: list, first: Endpoint, workload: Workload, run_at) -> tuple[list, list]:
+RunAt = Callable[[Endpoint, Workload, str], Awaitable[tuple[runner.RunResult, dict]]]
+
+
+async def _tenants(
+    specs: list[tenants.TenantSpec], first: Endpoint, workload: Workload, run_at: RunAt
+) -> tuple[list[runner.RunResult], list[dict]]:
     """Every tenant's run at once, each with its key, arrivals and prompts."""
     runs = [
         run_at(

@@ -53,7 +53,9 @@ def summary(reports: list[dict]) -> str:
     def ms(p: dict | None, q: int) -> str:
         return "-" if p is None else f"{p[f'p{q}']:.1f}"
 
-    table = [("tenant", "sent", "ok", "errors", "TTFT p50", "TTFT p95", "E2E p95", "out tok/s")]
+    table: list[tuple[str, ...]] = [
+        ("tenant", "sent", "ok", "errors", "TTFT p50", "TTFT p95", "E2E p95", "out tok/s")
+    ]
     for r in reports:
         t = r["totals"]
         table.append(
