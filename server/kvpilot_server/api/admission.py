@@ -7,13 +7,19 @@ count is what the engine really queues (its last stats snapshot) plus admitted r
 not picked up yet beyond its free seats: a burst that the engine has seats for is not refused.
 Retry-After estimates when a slot frees up from the recent completion rate, spread at random
 so that refused clients do not all come back at the same moment.
+
+A full queue does not lock out a tenant that holds less than its share of it (--max-waiting
+over the tenants with requests here): one tenant's flood would otherwise fill the queue and
+every other tenant would get 429s before the engine's fairness could serve them. The queue then
+holds at most twice --max-waiting.
 """
 
 import asyncio
 import contextlib
+import math
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
@@ -44,6 +50,7 @@ class Admission:
         self.request_timeout = request_timeout  # a ceiling: a request may ask for less
         self.stats, self.max_num_seqs = stats, max_num_seqs
         self.in_flight = 0  # engine requests admitted and not finished (one per choice)
+        self.tenants: Counter[str] = Counter()  # the same, per tenant
         self.finished: deque[float] = deque(maxlen=1024)
         self.draining = False  # set on SIGTERM: /ready fails, new requests get 503
         self.abandon = abandon  # ends every request in flight with an error
@@ -61,7 +68,7 @@ class Admission:
             )
 
     @contextlib.contextmanager
-    def admit(self, slots: int = 1) -> Iterator[None]:
+    def admit(self, slots: int = 1, tenant: str = "") -> Iterator[None]:
         """Hold `slots` places (one per engine request) for the block, or refuse."""
         if self.draining:
             raise DrainingError("The server is shutting down; retry on another replica")
@@ -73,18 +80,31 @@ class Admission:
                 "n",
             )
         waiting = self.waiting_if_admitted(slots)
-        if waiting > self.max_waiting:
+        if waiting > self.max_waiting and not self._under_share(slots, tenant, waiting):
             raise OverloadedError(
                 f"Server is at capacity: {slots} more request(s) would make {waiting} wait, "
                 f"limit {self.max_waiting}",
                 self.retry_after(waiting),
             )
         self.in_flight += slots
+        self.tenants[tenant] += slots
         try:
             yield
         finally:
             self.in_flight -= slots
+            self.tenants[tenant] -= slots
+            if not self.tenants[tenant]:
+                del self.tenants[tenant]
             self.finished.extend([time.monotonic()] * slots)
+
+    def _under_share(self, slots: int, tenant: str, waiting: int) -> bool:
+        """Whether `tenant` holds less than its share of the queue, which is never more than
+        twice full."""
+        sharing = len(self.tenants) + (tenant not in self.tenants)
+        if sharing == 1:  # one tenant: the queue is its own
+            return False
+        share = math.ceil(self.max_waiting / sharing)
+        return waiting <= 2 * self.max_waiting and self.tenants[tenant] + slots <= share
 
     def waiting_if_admitted(self, slots: int) -> int:
         """Requests that would wait for the engine after taking `slots` more."""

@@ -71,7 +71,7 @@ class Completions:
                 started = time.perf_counter()
                 await self.engine.compile_grammar(structured)
                 self.metrics.observe_grammar(structured.kind, time.perf_counter() - started)
-            resources.enter_context(self.admission.admit(parsed.n))
+            resources.enter_context(self.admission.admit(parsed.n, who.tenant))
             sources = [
                 self.engine.generate(
                     prompt,

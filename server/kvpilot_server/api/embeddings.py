@@ -82,7 +82,7 @@ class Embeddings:
             ids = await self.engine.process(self._encode, prompts)
             # Released when the HTTP exchange ends, however it ends (as completions' are).
             resources = exit_stack(request)
-            resources.enter_context(self.admission.admit(len(ids)))
+            resources.enter_context(self.admission.admit(len(ids), who.tenant))
             sources = [
                 self.engine.generate(
                     p, params, f"{request_id}-{i}", tenant=Tenant(who.tenant, who.weight)

@@ -87,3 +87,24 @@ def test_refused_clients_are_told_different_retry_times():
 def test_the_server_timeout_is_a_ceiling(server, requested, expected):
     admission = Admission(4, request_timeout=server)
     assert admission.deadline(requested) == expected
+
+
+def test_a_full_queue_still_takes_a_tenant_under_its_share_up_to_twice_full():
+    admission = _admission(_stats())  # 4 seats, 2 may wait
+    holds = [admission.admit(1, "flood") for _ in range(6)]
+    for hold in holds:
+        hold.__enter__()
+    with pytest.raises(OverloadedError):
+        admission.admit(1, "flood").__enter__()
+    # Another tenant holds nothing of the queue: its share (one of two places) gets it in.
+    holds.append(admission.admit(1, "light"))
+    holds[-1].__enter__()
+    with pytest.raises(OverloadedError):
+        admission.admit(1, "light").__enter__()  # its share is used
+    holds.append(admission.admit(1, "third"))
+    holds[-1].__enter__()  # a third's share rounds up to one place
+    with pytest.raises(OverloadedError):
+        admission.admit(1, "fourth").__enter__()  # the queue is twice full: no more
+    assert admission.in_flight == 8 and admission.tenants == {"flood": 6, "light": 1, "third": 1}
+    holds[0].__exit__(None, None, None)
+    assert admission.tenants["flood"] == 5
