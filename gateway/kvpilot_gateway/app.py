@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable
 
 import aiohttp
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from kvpilot_common.errors import KvpilotError, ModelNotFoundError, OverloadedError
@@ -41,6 +40,7 @@ from kvpilot_gateway.proxy import (
     open_upstream,
     unless_disconnected,
 )
+from kvpilot_gateway.status_routes import status_routes
 
 log = logging.getLogger("kvpilot.gateway")
 CLIENT_CLOSED = 499  # nginx's code for a client that left; only metrics and logs see it
@@ -256,45 +256,6 @@ def build_app(state: State) -> Starlette:
 
         return done
 
-    async def models(_: Request) -> Response:
-        cards = []
-        for name, model in catalog.listed():
-            ready = len(state.usable(model))
-            cards.append(
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": model.namespace,
-                    # Beyond OpenAI's card: can it answer now, or will it start first?
-                    "ready": ready > 0,
-                    "ready_replicas": ready,
-                    "replicas": model.replicas,
-                    "scale_from_zero": model.autoscaling,
-                }
-            )
-            if model.parent is not None:  # an adapter, listed as a vLLM server lists one
-                cards[-1]["parent"] = model.parent
-        return JSONResponse({"object": "list", "data": cards})
-
-    async def scrape(_: Request) -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    async def health(_: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def ready(_: Request) -> Response:
-        if state.draining:
-            return error_response(503, "Draining: finishing in-flight requests before exit")
-        if not state.synced:
-            return error_response(
-                503,
-                "Probing the backends"
-                if settings.backends
-                else "Listing ModelDeployments and their endpoints",
-            )
-        return JSONResponse({"status": "ok"})
-
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "Internal server error")
@@ -313,10 +274,7 @@ def build_app(state: State) -> Starlette:
             Route("/v1/chat/completions", complete, methods=["POST"]),
             Route("/v1/embeddings", complete, methods=["POST"]),
             Route("/v1/completions", complete, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/metrics", scrape, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-            Route("/ready", ready, methods=["GET"]),
+            *status_routes(state),
         ],
     )
 
