@@ -9,7 +9,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 from kvpilot_common import trust
-from kvpilot_common.http.keys import KeyBook
+from kvpilot_common.errors import ConfigError
+from kvpilot_common.http.keys import Key, KeyBook
 from kvpilot_common.http.limits import BODY_TIMEOUT, add_http_limit_args
 from kvpilot_gateway.names import Policy, parse_reservations
 
@@ -187,6 +188,14 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _no_tokens_per_minute(keys: list[Key]) -> None:
+    if any(k.tpm for k in keys):
+        raise ConfigError(
+            f"tpm limits in the key file need ${trust.ENV} (the servers' too): a server "
+            "reports a request's tokens only to the gateway that proves itself with it"
+        )
+
+
 def settings(args: argparse.Namespace, api_keys: KeyBook | None) -> Settings:
     """ValueError saying which flag is wrong."""
     try:
@@ -195,11 +204,11 @@ def settings(args: argparse.Namespace, api_keys: KeyBook | None) -> Settings:
         raise ValueError(f"--trusted-proxy: {exc}") from None
     backends = parse_backends(args.backend)
     secret = trust.secret_from_env()
-    if api_keys and not secret and any(k.tpm for k in api_keys.keys):
-        raise ValueError(
-            f"tpm limits in the key file need ${trust.ENV} (the servers' too): a server "
-            "reports a request's tokens only to the gateway that proves itself with it"
-        )
+    if api_keys and not secret:
+        try:
+            api_keys.require(_no_tokens_per_minute)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
     if backends and args.namespace:
         raise ValueError(
             "--backend and --namespace exclude each other: without Kubernetes "

@@ -3,6 +3,7 @@ both lists, and anything but http://host:port is refused with the value named; -
 beside it is refused too (without Kubernetes there is nothing to watch)."""
 
 import argparse
+import os
 
 import pytest
 
@@ -59,8 +60,7 @@ def test_tokens_per_minute_limits_need_the_gateway_secret(monkeypatch):
     from kvpilot_common import trust
     from kvpilot_common.http.keys import KeyBook
 
-    book = KeyBook.of(["sk-a"])
-    book.fixed = [*book.fixed, *KeyBook(env_value="sk-b tpm=100").fixed]
+    book = KeyBook(env_value="sk-a, sk-b tpm=100")
     monkeypatch.delenv(trust.ENV, raising=False)
     with pytest.raises(ValueError, match=f"tpm limits in the key file need \\${trust.ENV}"):
         settings(_args("--backend", "a=http://h:1"), book)
@@ -68,3 +68,18 @@ def test_tokens_per_minute_limits_need_the_gateway_secret(monkeypatch):
     assert settings(_args("--backend", "a=http://h:1"), book).gateway_secret == "s"
     monkeypatch.delenv(trust.ENV)
     assert settings(_args("--backend", "a=http://h:1"), KeyBook.of(["sk-a"])).api_keys
+
+
+def test_a_reload_that_adds_tpm_without_the_secret_is_refused(tmp_path, monkeypatch):
+    from kvpilot_common import trust
+    from kvpilot_common.http import keys
+
+    monkeypatch.delenv(trust.ENV, raising=False)
+    monkeypatch.setattr(keys, "RECHECK_S", 0.0)
+    path = tmp_path / "keys.txt"
+    path.write_text("sk-a name=a rpm=5\n")
+    book = keys.KeyBook(str(path))
+    settings(_args("--backend", "a=http://h:1"), book)
+    path.write_text("sk-a name=a rpm=5 tpm=100\nsk-b name=b\n")
+    os.utime(path, ns=(1, 1))
+    assert book.match(b"sk-a").tpm is None and book.match(b"sk-b") is None  # kept as it was

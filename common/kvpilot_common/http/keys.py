@@ -27,6 +27,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,7 @@ class KeyBook:
 
     def __init__(self, key_file: str | None = None, env_value: str | None = None) -> None:
         self.key_file = key_file
+        self.check: Callable[[list[Key]], None] | None = None  # require()
         self.fixed: list[Key] = []
         if env_value is not None:
             self.fixed = _entries(env_value.split(","), ENV_VAR)
@@ -139,6 +141,12 @@ class KeyBook:
         book.fixed = [parse_entry(k, "key") for k in keys]
         book.settled = settle(book.fixed)
         return book
+
+    def require(self, check: Callable[[list[Key]], None]) -> None:
+        """A rule every version of the book must pass (ConfigError if not): now, and on each
+        reload, which is refused like any other bad change."""
+        check(self.settled)
+        self.check = check
 
     @property
     def keys(self) -> list[Key]:
@@ -166,8 +174,10 @@ class KeyBook:
             return
         try:
             read = self._read()
-            self.settled = settle(self.fixed + read)
-            self.from_file = read
+            settled = settle(self.fixed + read)
+            if self.check is not None:
+                self.check(settled)
+            self.settled, self.from_file = settled, read
         except ConfigError as exc:
             self._stamp = self._file_stamp()  # said once per change, not every second
             log.error("keeping the API keys in force: %s", exc)
