@@ -93,6 +93,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kvpilot-fairness-"))
     wl = tmp / "workload.yaml"
     wl.write_text(yaml.safe_dump(workload(args.rate, args.duration)))
+    # The light tenants first: the same seeds, so the same arrivals and prompts, in every phase.
     light = [f"{n}=sk-{n}" for n in LIGHT]
     heavy = f"heavy=sk-heavy*{args.heavy:g}"
     phases: dict[str, dict] = {}
@@ -101,9 +102,9 @@ def main() -> None:
         try:
             if not one_tenant:
                 phases["alone"] = bench(base, wl, light, tmp / "alone.json")
-                phases["fair"] = bench(base, wl, [heavy, *light], tmp / "fair.json")
+                phases["fair"] = bench(base, wl, [*light, heavy], tmp / "fair.json")
             else:
-                phases["fifo"] = bench(base, wl, [heavy, *light], tmp / "fifo.json")
+                phases["fifo"] = bench(base, wl, [*light, heavy], tmp / "fifo.json")
         finally:
             stop_server(proc)
     result = {
