@@ -221,10 +221,12 @@ def test_a_pod_killed_mid_stream_through_the_gateway_goes_on_from_the_other_and_
     assert end["text"] == whole["body"]["choices"][0]["text"]
     counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # cache hits may differ
     assert [end["usage"][k] for k in counts] == [whole["body"]["usage"][k] for k in counts]
-    metrics = _text(_gateway(cluster) + "/metrics")
+    # The Service spreads requests over the chart's two gateway pods: the one that resumed is
+    # found by asking each.
     resumed = [
         s.value
-        for family in text_string_to_metric_families(metrics)
+        for pod in _gateway_pods(cluster)
+        for family in text_string_to_metric_families(_text(f"http://{pod}:8080/metrics"))
         for s in family.samples
         if s.name == names.GATEWAY_RESUMES
     ]
@@ -239,6 +241,15 @@ def _text(url: str) -> str:
     answer = _post(url, {}, command="text")
     assert answer["status"] == 200, answer
     return answer["text"]
+
+
+def _gateway_pods(cluster: Cluster) -> list[str]:
+    """The IPs of the gateway's running pods."""
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    params = {"labelSelector": "app.kubernetes.io/name=kvpilot-gateway"}
+    with cluster.plane.client() as http:
+        pods = http.get(path, params=params).json().get("items", [])
+    return [p["status"]["podIP"] for p in pods if p["status"].get("podIP")]
 
 
 def _running(pod: dict) -> bool:
