@@ -9,6 +9,7 @@ from kvpilot_common.naming import BUNDLED_MODEL
 GiB = 1 << 30
 # What a model serves: auto reads the checkpoint (engine/runtime/pooling.py says how).
 TASKS = ("auto", "generate", "embed")
+SPECULATIVE_METHODS = ("none", "ngram")  # ngram: prompt lookup (engine/runtime/speculative.py)
 
 
 @dataclass
@@ -38,6 +39,13 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
+    # Speculative decoding: draft tokens looked up in the sequence's own text, verified in one
+    # pass (engine/runtime/speculative.py).
+    speculative: str = "none"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+    speculative_disable_by_batch_size: int = 16
 
     def __post_init__(self) -> None:
         rules = [
@@ -58,6 +66,19 @@ class EngineConfig:
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len must be >= 2"),
             (self.dtype in precision.DTYPES, f"unknown dtype {self.dtype!r}"),
             (self.task in TASKS, f"task {self.task!r} is not one of {', '.join(TASKS)}"),
+            (
+                self.speculative in SPECULATIVE_METHODS,
+                f"speculative {self.speculative!r} is not one of {', '.join(SPECULATIVE_METHODS)}",
+            ),
+            (self.num_speculative_tokens >= 1, "num_speculative_tokens must be at least 1"),
+            (
+                1 <= self.prompt_lookup_min <= self.prompt_lookup_max,
+                "prompt_lookup_min must be at least 1 and at most prompt_lookup_max",
+            ),
+            (
+                self.speculative_disable_by_batch_size >= 1,
+                "speculative_disable_by_batch_size must be at least 1",
+            ),
             (
                 self.quantization in precision.QUANTIZATIONS,
                 f"quantization {self.quantization!r} is not supported "

@@ -35,6 +35,13 @@ _HELP = {
     "name of its own; implied by --lora-modules",
     "max_loras": "LoRA adapters one step can mix (slots; more loaded ones wait their turn)",
     "max_lora_rank": "the largest LoRA rank accepted (slots are sized for it)",
+    "speculative": "speculative decoding: none, or ngram (draft tokens looked up in the "
+    "request's own prompt and output, verified in one forward pass; the output is unchanged)",
+    "num_speculative_tokens": "most draft tokens a sequence checks in one step",
+    "prompt_lookup_max": "ngram: the longest run of last tokens looked up",
+    "prompt_lookup_min": "ngram: the shortest run of last tokens looked up",
+    "speculative_disable_by_batch_size": "no draft tokens while more sequences than this run "
+    "(large batches are no longer bound by reading the weights)",
     "task": "generate (completions, chat) or embed (/v1/embeddings); auto: embed for a "
     "sentence-transformers checkpoint or a base model without a language-model head",
 }

@@ -79,8 +79,8 @@ class WaitQueue:
     def charge(self, tenant: Tenant, tokens: float) -> None:
         self.counters[tenant.name] = self.counters.get(tenant.name, 0.0) + tokens / tenant.weight
 
-    def sampled(self, seq: Sequence) -> None:
-        self.charge(seq.tenant, OUTPUT_WEIGHT)
+    def sampled(self, seq: Sequence, tokens: int = 1) -> None:
+        self.charge(seq.tenant, OUTPUT_WEIGHT * tokens)
 
     # -- order ------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -36,7 +36,7 @@ from kvpilot_server.engine.models.model_setup import (
     resolve_device,
     resolve_dtype,
 )
-from kvpilot_server.engine.runtime import pooling
+from kvpilot_server.engine.runtime import pooling, speculative
 from kvpilot_server.engine.runtime.block_pool import BlockPool
 from kvpilot_server.engine.runtime.detokenizer import Detokenizer
 from kvpilot_server.engine.runtime.inputs import InputProcessor
@@ -48,7 +48,7 @@ from kvpilot_server.engine.runtime.sequence import ANONYMOUS, Priority, Sequence
 from kvpilot_server.engine.structured.grammar import GrammarCompiler
 from kvpilot_server.engine.structured.masks import MaskWorker, StepMasks
 from kvpilot_server.models.resolve import resolve_model
-from kvpilot_server.outputs import RequestMetrics, RequestOutput
+from kvpilot_server.outputs import RequestMetrics, RequestOutput, Sample
 from kvpilot_server.pooling_params import PoolingParams
 from kvpilot_server.sampling_params import SamplingParams
 
@@ -71,6 +71,7 @@ class EngineStats:
     prefix_cache_hits: int
     # Prompt tokens the model computed: cache hits excluded, recomputation after preemption in.
     num_prefill_tokens: int = 0
+    speculation: "speculative.Counts" = field(default_factory=lambda: speculative.Counts())
     # LoRA: the adapters loaded, and those with sequences running or waiting (names, sorted).
     adapters: tuple[str, ...] = ()
     adapters_resident: tuple[str, ...] = ()  # in a slot now
@@ -117,6 +118,7 @@ class LLMEngine:
         if self.model.lora is not None:
             self.lora = LoraSlots(self.model.lora[1], self.model.lora[0], config.max_loras)
         self.scheduler = Scheduler(config, self.pool, self.lora)
+        self.speculation = speculative.Counts()
         cache = kv_cache.allocate(
             cfg, self.dtype, self.device, num_blocks, config.block_size, config.kv_cache_dtype
         )
@@ -178,6 +180,9 @@ class LLMEngine:
         # The server compiled it off this thread already; the offline LLM compiles here.
         grammar = self.grammars.compile(structured) if structured is not None else None
         seq = Sequence(request_id, token_ids, params, max_tokens, priority, tenant=tenant)
+        # Drafts are checked one position at a time by the sampler; a grammar's mask is
+        # computed for the next position only.
+        seq.speculate = grammar is None
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         request = Request(
@@ -289,9 +294,17 @@ class LLMEngine:
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         pending = self._start_masks(scheduled.num_new_tokens)
         try:
-            logits, sampling, prompt_rows = self.runner.run(scheduled)
+            logits, sampling, drafted, prompt_rows = self.runner.run(scheduled)
             masks = pending.result() if pending is not None else None
             samples = self.sampler.sample(logits[: len(sampling)], sampling, masks)
+            # Each sampling sequence's new tokens (several where a draft was accepted).
+            results: list[tuple[Sequence, list[Sample] | Exception]] = [
+                (seq, s if isinstance(s, Exception) else [s])
+                for seq, s in zip(sampling, samples, strict=True)
+            ]
+            for seq, rows in drafted:
+                draft = list(scheduled.drafts[seq])
+                results.append((seq, speculative.verify(self.sampler, logits[rows], seq, draft)))
             pooled = []
             for seq, rows, first in prompt_rows:
                 if seq.pooled:
@@ -302,9 +315,13 @@ class LLMEngine:
                 k = seq.params.prompt_logprobs or 0
                 found = self.sampler.prompt_logprobs(logits[rows], targets, k)
                 self.requests[seq.request_id].add_prompt_logprobs(first, found)
-            pairs = zip(sampling, samples, strict=True)
-            tokens = {seq: s.token_id for seq, s in pairs if not isinstance(s, Exception)}
+            tokens = {
+                seq: [s.token_id for s in new]
+                for seq, new in results
+                if not isinstance(new, Exception)
+            }
             self.scheduler.update(scheduled, tokens)
+            self.speculation.count(scheduled.drafts, tokens)
         except Exception as exc:  # the whole step failed: fail its requests, keep serving
             log.exception("engine step failed; failing %d requests", len(batch))
             error = StepFailedError(f"Engine step failed: {exc}")
@@ -316,12 +333,19 @@ class LLMEngine:
             if seq.num_computed_tokens == len(seq):
                 request.finish("stop")
                 outputs.append(self._release(request))
-        for seq, sample in zip(sampling, samples, strict=True):
+        for seq, new in results:
             request = self.requests[seq.request_id]
             try:
-                if isinstance(sample, Exception):
-                    raise sample
-                request.append(sample)
+                if isinstance(new, Exception):
+                    raise new
+                # The request takes its tokens one at a time, each seeing the sequence as it
+                # was then: a stop (end of text, stop string, length) drops those after it.
+                del seq.token_ids[len(seq) - len(new) :]
+                for sample in new:
+                    seq.token_ids.append(sample.token_id)
+                    request.append(sample)
+                    if request.finished:
+                        break
             except Exception as exc:  # confined to this request
                 log.exception("request %s failed", seq.request_id)
                 outputs.append(self._fail(request, exc))
@@ -366,6 +390,7 @@ class LLMEngine:
             prefix_cache_queries=self.pool.num_queries,
             prefix_cache_hits=self.pool.num_hits,
             num_prefill_tokens=self.scheduler.num_prefill_tokens,
+            speculation=self.speculation.snapshot(),
             **self._adapter_stats(),
         )
 

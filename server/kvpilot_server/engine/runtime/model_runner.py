@@ -30,6 +30,8 @@ from kvpilot_server.engine.runtime.sequence import Sequence
 # (sequence, rows of the logits, position of the prompt token the first row predicts); for an
 # embedding (seq.pooled), rows of hidden states and the position of the first row's token.
 PromptRows = tuple[Sequence, slice, int]
+# (sequence, rows of the logits): a sequence with draft tokens, one row per position it scored.
+DraftRows = tuple[Sequence, slice]
 _MIN_GROUP_LEN = 64  # contexts shorter than this are cheap: one group holds them all
 
 
@@ -73,23 +75,33 @@ class ModelRunner:
     @torch.inference_mode()
     def run(
         self, scheduled: SchedulerOutput
-    ) -> tuple[torch.Tensor, list[Sequence], list[PromptRows]]:
+    ) -> tuple[torch.Tensor, list[Sequence], list[DraftRows], list[PromptRows]]:
         """Logits for every sequence whose last token is computed in this step, in order, then
-        the rows of prompt tokens whose logprobs were asked for, or of embeddings' tokens (see
-        PromptRows)."""
+        the rows of each sequence with draft tokens (DraftRows), then the rows of prompt tokens
+        whose logprobs were asked for, or of embeddings' tokens (see PromptRows)."""
+        drafts = scheduled.drafts
         # Decodes first, shortest context first, so that similar lengths share a padded group.
+        # A draft's positions are decode queries too: each attends to the keys before it.
         ordered = sorted(
-            scheduled.num_new_tokens.items(), key=lambda item: (item[1] != 1, len(item[0]))
+            scheduled.num_new_tokens.items(),
+            key=lambda item: (item[1] != 1 and item[0] not in drafts, len(item[0])),
         )
         ids, positions, slots, rows, sampling = [], [], [], [], []
         # (seq, first row, count, position the first row's output is for)
         scored: list[tuple[Sequence, int, int, int]] = []
+        drafted: list[tuple[Sequence, int, int]] = []
         for seq, n in ordered:
             start = seq.num_computed_tokens
             first_row = len(ids)
-            ids.extend(seq.token_ids[start : start + n])
+            if seq in drafts:  # its last token, then the draft
+                ids.extend(seq.token_ids[start:] + list(drafts[seq]))
+                drafted.append((seq, first_row, n))
+            else:
+                ids.extend(seq.token_ids[start : start + n])
             positions.extend(range(start, start + n))
             slots.extend(self._slot(seq, p) for p in range(start, start + n))
+            if seq in drafts:
+                continue
             if seq.pooled:  # every row's hidden state: the pooling is the engine's
                 scored.append((seq, first_row, n, start))
                 continue
@@ -100,7 +112,11 @@ class ModelRunner:
             count = min(start + n, seq.num_prompt_tokens - 1) - start
             if seq.params.prompt_logprobs is not None and count > 0:
                 scored.append((seq, first_row, count, start + 1))
-        prompt_rows = []  # their logits follow the sampling rows
+        draft_rows = []  # their logits follow the sampling rows
+        for seq, first_row, n in drafted:
+            draft_rows.append((seq, slice(len(rows), len(rows) + n)))
+            rows.extend(range(first_row, first_row + n))
+        prompt_rows = []  # their logits follow those
         for seq, first_row, count, position in scored:
             prompt_rows.append((seq, slice(len(rows), len(rows) + count), position))
             rows.extend(range(first_row, first_row + count))
@@ -118,10 +134,7 @@ class ModelRunner:
             positions=positions,
             slots=slots,
             rows=rows,
-            seqs=[
-                ScheduledSeq(seq.num_computed_tokens, n, len(seq), list(seq.block_table))
-                for seq, n in ordered
-            ],
+            seqs=[entry for seq, n in ordered for entry in _scheduled(seq, n, seq in drafts)],
             lora_rows=lora_rows,
             lora_installs=installs,
         )
@@ -134,7 +147,7 @@ class ModelRunner:
             except Exception as exc:  # the ranks may now be out of step: nothing can recover
                 self.peers.fail(f"rank 0 failed inside a step: {exc}")
         assert logits is not None
-        return logits, sampling, prompt_rows
+        return logits, sampling, draft_rows, prompt_rows
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, logits: bool) -> torch.Tensor | None:
@@ -226,6 +239,15 @@ class ModelRunner:
             mask=mask,
             context_lens=context.to(self.device),
         )
+
+
+def _scheduled(seq: Sequence, n: int, drafted: bool) -> list[ScheduledSeq]:
+    """What attention needs of seq: a drafted sequence's positions as that many decodes, each
+    with one more key than the one before (the decode kernels read the KV cache in place)."""
+    table = list(seq.block_table)
+    if not drafted:
+        return [ScheduledSeq(seq.num_computed_tokens, n, len(seq), table)]
+    return [ScheduledSeq(seq.num_computed_tokens + i, 1, len(seq) + i, table) for i in range(n)]
 
 
 def _length_groups(seqs: list[ScheduledSeq]) -> list[list[ScheduledSeq]]:

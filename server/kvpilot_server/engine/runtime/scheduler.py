@@ -19,11 +19,18 @@ one prefilled sequence into n children; that would need one engine request with 
 copy of the partial block in the KV cache and a sampler fed from one logits row n times, for at
 most n-1 partial blocks saved. Without prefix caching nothing is shared, so nothing is held back.
 
+With speculative decoding (engine/runtime/speculative.py) a running sequence that decodes may
+get draft tokens for its step: one more position each, within the token budget and the blocks
+free now (a draft never preempts anything), and not while more than
+speculative_disable_by_batch_size sequences run, where a step is no longer bound by reading
+the weights and extra positions cost what they save.
+
 A sequence for a LoRA adapter runs only while its adapter holds one of the engine's slots
 (engine/lora/slots.py): it is admitted once the adapter has one, and until then waits, keeping
 its place, while sequences behind it go ahead.
 """
 
+import sys
 from collections import Counter
 
 from kvpilot_server.config import EngineConfig
@@ -32,6 +39,7 @@ from kvpilot_server.engine.runtime.block_pool import BlockPool
 from kvpilot_server.engine.runtime.fairness import WaitQueue
 from kvpilot_server.engine.runtime.scheduler_output import SchedulerOutput
 from kvpilot_server.engine.runtime.sequence import Priority, Sequence, SequenceStatus
+from kvpilot_server.engine.runtime.speculative import NgramProposer
 
 
 class Scheduler:
@@ -40,6 +48,9 @@ class Scheduler:
     ) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.proposer = NgramProposer.of(config)
+        self.speculate_up_to = config.speculative_disable_by_batch_size
+        self.max_model_len = config.max_model_len or sys.maxsize  # set by the engine
         self.pool = pool
         self.lora = lora
         self.waiting = WaitQueue()
@@ -71,22 +82,49 @@ class Scheduler:
         preempted = self._schedule_running(batch)
         if not preempted:
             self._schedule_waiting(batch)
-        return SchedulerOutput(batch)
+        drafts = self._speculate(batch)
+        return SchedulerOutput(batch, drafts)
 
-    def update(self, scheduled: SchedulerOutput, tokens: dict[Sequence, int]) -> None:
+    def update(self, scheduled: SchedulerOutput, tokens: dict[Sequence, list[int]]) -> None:
         """After the model ran `scheduled`: count the tokens it computed, key the blocks they
-        filled for the prefix cache, and append to each sequence the token sampled for it
+        filled for the prefix cache, and append to each sequence the tokens sampled for it
         (`tokens` holds the sequences whose whole context was computed and whose sampling
-        succeeded)."""
+        succeeded: one token each, or with a draft, the accepted draft tokens and the one
+        sampled after them). A rejected draft token's position is not computed: the next step
+        writes over its K/V."""
         for seq, n in scheduled.num_new_tokens.items():
+            draft = scheduled.drafts.get(seq, ())
+            if draft:
+                n -= len(draft) - (len(tokens[seq]) - 1 if seq in tokens else len(draft))
             self.num_prefill_tokens += max(
                 0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens)
             )
             seq.num_computed_tokens += n
             self.pool.commit_full_blocks(seq)
-        for seq, token in tokens.items():
-            seq.token_ids.append(token)
-            self.waiting.sampled(seq)
+        for seq, sampled in tokens.items():
+            seq.token_ids.extend(sampled)
+            self.waiting.sampled(seq, len(sampled))
+
+    def _speculate(self, batch: dict[Sequence, int]) -> dict[Sequence, tuple[int, ...]]:
+        """Draft tokens for the decoding sequences of this step, each added to its count."""
+        if self.proposer is None or len(self.running) > self.speculate_up_to:
+            return {}
+        drafts = {}
+        for seq, n in batch.items():
+            if n != 1 or seq.num_uncomputed_tokens != 1 or not seq.speculate:
+                continue
+            # Room for the draft and the token after it, within the budget and the context.
+            limit = min(
+                seq.max_tokens - seq.num_output_tokens,
+                self.max_model_len - len(seq),
+                self._budget(batch) + 1,
+            )
+            draft = self.proposer.propose(seq.token_ids, limit - 1)
+            if draft and self.pool.can_allocate(seq, 1 + len(draft)):
+                self.pool.allocate(seq, 1 + len(draft))
+                batch[seq] = 1 + len(draft)
+                drafts[seq] = tuple(draft)
+        return drafts
 
     def _budget(self, batch: dict[Sequence, int]) -> int:
         return self.max_num_batched_tokens - sum(batch.values())

@@ -21,9 +21,13 @@ class SchedulerOutput:
 
     # Read-only: the runner, the update and the engine's bookkeeping must see one decision.
     num_new_tokens: Mapping[Sequence, int] = field(default_factory=dict)
+    # Speculative decoding: a decoding sequence's draft tokens, counted in its num_new_tokens
+    # after its last token (engine/runtime/speculative.py).
+    drafts: Mapping[Sequence, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_new_tokens", MappingProxyType(dict(self.num_new_tokens)))
+        object.__setattr__(self, "drafts", MappingProxyType(dict(self.drafts)))
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class Sequence:
     pooled: bool = False  # an embedding: its prompt's hidden states are pooled, nothing sampled
     adapter: int = 0  # the LoRA adapter's id (engine/lora/slots.py); 0: the base model
     tenant: Tenant = ANONYMOUS
+    speculate: bool = False  # may get draft tokens (engine/runtime/speculative.py)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

@@ -25,7 +25,8 @@ def _step(sched: Scheduler) -> Mapping[Sequence, int]:
     """Schedule, then pretend the model ran and sampled token 0 wherever it reached the end."""
     scheduled = sched.schedule()
     batch = scheduled.num_new_tokens
-    sched.update(scheduled, {s: 0 for s, n in batch.items() if s.num_computed_tokens + n == len(s)})
+    done = [s for s, n in batch.items() if s.num_computed_tokens + n == len(s)]
+    sched.update(scheduled, {s: [0] for s in done})
     return batch
 
 
@@ -37,7 +38,7 @@ def test_update_counts_computed_tokens_keys_full_blocks_and_appends_samples():
     sched.update(scheduled, {})  # a prefill chunk: nothing sampled
     assert seq.num_computed_tokens == 6 and len(seq) == 10 and seq.num_keyed_blocks == 1
     scheduled = sched.schedule()
-    sched.update(scheduled, {seq: 42})
+    sched.update(scheduled, {seq: [42]})
     assert seq.num_computed_tokens == 10 and seq.token_ids[-1] == 42 and seq.num_keyed_blocks == 2
     # The keyed blocks serve a later request with the same prefix.
     twin = _seq(10)

@@ -29,7 +29,8 @@ def _seq(tokens: list[int]) -> Sequence:
 def _step(sched: Scheduler) -> Mapping[Sequence, int]:
     scheduled = sched.schedule()
     batch = scheduled.num_new_tokens
-    sched.update(scheduled, {s: 0 for s, n in batch.items() if s.num_computed_tokens + n == len(s)})
+    done = [s for s, n in batch.items() if s.num_computed_tokens + n == len(s)]
+    sched.update(scheduled, {s: [0] for s in done})
     return batch
 
 
