@@ -42,7 +42,9 @@ class EngineConfig:
     # Speculative decoding: draft tokens looked up in the sequence's own text, verified in one
     # pass (engine/runtime/speculative.py).
     speculative: str = "none"
-    num_speculative_tokens: int = 4
+    # 3: a lone sequence's drafted step is 4 rows, which CPU kernels serve as they serve one
+    # (layers/mlp.py's SILU_KERNEL_MAX_ROWS), so quantized output is the same with drafts.
+    num_speculative_tokens: int = 3
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     speculative_disable_by_batch_size: int = 16

@@ -43,6 +43,10 @@ def test_chat_answers_paris_like_hf(smollm2, hf_greedy):
         pytest.param({"max_num_batched_tokens": 48}, id="chunked-prefill"),
         # 544 tokens of cache for ~2,600 tokens of work: forced preemption.
         pytest.param({"kv_cache_bytes": 24 * MiB, "max_model_len": 512}, id="preemption"),
+        # The corpus repeats itself: prompt lookup finds drafts the model accepts.
+        pytest.param(
+            {"speculative": "ngram", "speculative_disable_by_batch_size": 16}, id="speculative"
+        ),
     ],
 )
 def test_sixteen_concurrent_requests_match_hf(smollm2, workload, hf_greedy, engine_args):
@@ -51,6 +55,8 @@ def test_sixteen_concurrent_requests_match_hf(smollm2, workload, hf_greedy, engi
     _assert_matches_hf(llm, smollm2, workload, hf_greedy)
     if "kv_cache_bytes" in engine_args:
         assert llm.engine.scheduler.num_preemptions > 0
+    if "speculative" in engine_args:
+        assert llm.engine.stats().speculation.accepted_tokens > 0
 
 
 def test_shared_system_prompt_hits_prefix_cache(smollm2, corpus_ids, hf_greedy):
