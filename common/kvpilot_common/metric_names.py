@@ -22,6 +22,11 @@ PREFIX_CACHE_HITS = "kvpilot_prefix_cache_hits_total"  # vllm:prefix_cache_hits_
 # Prompt tokens the model computed (requested minus cache hits, plus recomputation).
 PREFILL_TOKENS = "kvpilot_prefill_tokens_total"  # no vLLM counterpart
 ENGINE_INFO = "kvpilot_engine_info"  # vllm:cache_config_info
+# Speculative decoding (served with --speculative only): steps where a sequence had draft
+# tokens, the draft tokens proposed, and those the model accepted.
+SPEC_DRAFTS = "kvpilot_spec_decode_num_drafts_total"  # vllm:spec_decode_num_drafts_total
+SPEC_DRAFT_TOKENS = "kvpilot_spec_decode_num_draft_tokens_total"  # vllm:..._num_draft_tokens_total
+SPEC_ACCEPTED_TOKENS = "kvpilot_spec_decode_num_accepted_tokens_total"  # vllm: the same suffix
 # Requests with a structured-output constraint (label kind: json, json_object, regex, choice,
 # grammar, tools), and the time each spent waiting for its grammar (0 when cached).
 STRUCTURED_REQUESTS = "kvpilot_structured_requests_total"  # no vLLM counterpart

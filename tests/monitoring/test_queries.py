@@ -141,6 +141,7 @@ def prometheus(prometheus_binaries, tiny_dir, tmp_path_factory):
     adapter = tmp_path_factory.mktemp("adapter") / ADAPTER
     build_adapter(tiny_dir("llama"), adapter, AdapterSpec(rank=2, targets=("q_proj", "v_proj")))
     flags = ("--max-num-seqs", "2", "--max-waiting", "2", "--lora-modules", f"{ADAPTER}={adapter}")
+    flags += ("--speculative", "ngram")  # the speculative decoding panel's counters
     server, base = start_tiny_server(tiny_dir("llama"), *flags)
     operator_http, operator_thread = start_http_server(0, addr="127.0.0.1")
     gateway = GatewayMetrics()

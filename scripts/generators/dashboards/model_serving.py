@@ -146,6 +146,24 @@ def model_serving() -> dashboard.Dashboard:
                 [(f"sum by (pod) ({rate(names.PREEMPTIONS, ENGINE)})", "{{pod}}")],
             )
         )
+        .with_panel(
+            panel(
+                "Speculative draft tokens/s",
+                "Draft tokens proposed and accepted per second (servers started with "
+                "--speculative); accepted over proposed is the acceptance rate, and each accepted "
+                "token is one decode step saved.",
+                [
+                    (
+                        f"sum by (model) ({rate(names.SPEC_DRAFT_TOKENS, ENGINE)})",
+                        "{{model}} proposed",
+                    ),
+                    (
+                        f"sum by (model) ({rate(names.SPEC_ACCEPTED_TOKENS, ENGINE)})",
+                        "{{model}} accepted",
+                    ),
+                ],
+            )
+        )
         .with_row(dashboard.Row("LoRA adapters"))
         .with_panel(
             panel(

@@ -40,16 +40,24 @@ class EngineCollector:
         yield self._gauge(
             names.KV_CACHE_USAGE, "Fraction of KV cache blocks in use", stats.kv_cache_usage
         )
-        for name, doc, value in [
+        cfg = self.engine.config
+        counters = [
             (names.PREEMPTIONS, "Preemptions", stats.num_preemptions),
             (names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up", stats.prefix_cache_queries),
             (names.PREFIX_CACHE_HITS, "Prompt tokens served from cache", stats.prefix_cache_hits),
             (names.PREFILL_TOKENS, "Prompt tokens computed", stats.num_prefill_tokens),
-        ]:
+        ]
+        if cfg.speculative != "none":
+            spec = stats.speculation
+            counters += [
+                (names.SPEC_DRAFTS, "Steps where a sequence had draft tokens", spec.drafts),
+                (names.SPEC_DRAFT_TOKENS, "Draft tokens proposed", spec.draft_tokens),
+                (names.SPEC_ACCEPTED_TOKENS, "Draft tokens accepted", spec.accepted_tokens),
+            ]
+        for name, doc, value in counters:
             counter = CounterMetricFamily(name.removesuffix("_total"), doc, labels=["model"])
             counter.add_metric([self.model], value)
             yield counter
-        cfg = self.engine.config
         info = GaugeMetricFamily(
             names.ENGINE_INFO,
             "Engine configuration",
