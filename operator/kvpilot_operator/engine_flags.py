@@ -1,6 +1,6 @@
 """The pod's file layout and the `kvpilot serve` flags a ModelDeployment's spec turns into."""
 
-from kvpilot_common import adapter_list, precision
+from kvpilot_common import adapter_list, precision, speculative
 from kvpilot_common.naming import PORT
 from kvpilot_operator.memory_plan import (
     DTYPES,
@@ -73,6 +73,15 @@ def engine_args(spec: Spec, name: str) -> list[str]:
         args["--lora-config"] = f"{ADAPTER_LIST_DIR}/{adapter_list.FILE_NAME}"
         args["--max-loras"] = str(engine.max_loras)
         args["--max-lora-rank"] = str(engine.max_lora_rank)
+    drafts = engine.speculative_decoding
+    if drafts is not None and drafts.method != speculative.METHODS[speculative.DEFAULT_METHOD]:
+        args["--speculative"] = {crd: name for name, crd in speculative.METHODS.items()}[
+            drafts.method
+        ]
+        args["--num-speculative-tokens"] = str(drafts.num_speculative_tokens)
+        args["--prompt-lookup-max"] = str(drafts.prompt_lookup_max)
+        args["--prompt-lookup-min"] = str(drafts.prompt_lookup_min)
+        args["--speculative-disable-by-batch-size"] = str(drafts.disable_by_batch_size)
     if spec.api_key_secret_ref:
         args["--api-key-file"] = f"{KEYS_DIR}/{spec.api_key_secret_ref.key}"
     # One word per flag, --flag=value: argparse reads `--served-model-name -x` as two flags and

@@ -24,6 +24,25 @@ class SecretKeyRef:
 
 
 @dataclass(frozen=True)
+class SpeculativeSpec:
+    method: str  # the CRD's spelling: None or Ngram
+    num_speculative_tokens: int
+    prompt_lookup_max: int
+    prompt_lookup_min: int
+    disable_by_batch_size: int
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> "SpeculativeSpec":
+        return cls(
+            method=spec["method"],
+            num_speculative_tokens=spec["numSpeculativeTokens"],
+            prompt_lookup_max=spec["promptLookupMax"],
+            prompt_lookup_min=spec["promptLookupMin"],
+            disable_by_batch_size=spec["disableByBatchSize"],
+        )
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     source: str
     revision: str
@@ -61,6 +80,7 @@ class EngineSpec:
     max_lora_rank: int
     max_model_len: int | None = None  # None: the model's own limit
     tensor_parallel_size: int | None = None  # None: Spec.tensor_parallel_size decides
+    speculative_decoding: "SpeculativeSpec | None" = None
 
     @classmethod
     def of(cls, engine: Mapping[str, Any]) -> "EngineSpec":
@@ -80,6 +100,7 @@ class EngineSpec:
             max_lora_rank=engine["maxLoraRank"],
             max_model_len=engine.get("maxModelLen"),
             tensor_parallel_size=engine.get("tensorParallelSize"),
+            speculative_decoding=SpeculativeSpec.of(engine["speculativeDecoding"]),
         )
 
 

@@ -3,13 +3,13 @@
 from dataclasses import dataclass
 
 from kvpilot_common import precision
+from kvpilot_common import speculative as drafts
 from kvpilot_common.errors import ConfigError
 from kvpilot_common.naming import BUNDLED_MODEL
 
 GiB = 1 << 30
 # What a model serves: auto reads the checkpoint (engine/runtime/pooling.py says how).
 TASKS = ("auto", "generate", "embed")
-SPECULATIVE_METHODS = ("none", "ngram")  # ngram: prompt lookup (engine/runtime/speculative.py)
 
 
 @dataclass
@@ -41,13 +41,11 @@ class EngineConfig:
     max_lora_rank: int = 16
     # Speculative decoding: draft tokens looked up in the sequence's own text, verified in one
     # pass (engine/runtime/speculative.py).
-    speculative: str = "none"
-    # 3: a lone sequence's drafted step is 4 rows, which CPU kernels serve as they serve one
-    # (layers/mlp.py's SILU_KERNEL_MAX_ROWS), so quantized output is the same with drafts.
-    num_speculative_tokens: int = 3
-    prompt_lookup_max: int = 4
-    prompt_lookup_min: int = 2
-    speculative_disable_by_batch_size: int = 16
+    speculative: str = drafts.DEFAULT_METHOD  # none or ngram (prompt lookup)
+    num_speculative_tokens: int = drafts.DEFAULT_NUM_TOKENS
+    prompt_lookup_max: int = drafts.DEFAULT_LOOKUP_MAX
+    prompt_lookup_min: int = drafts.DEFAULT_LOOKUP_MIN
+    speculative_disable_by_batch_size: int = drafts.DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self) -> None:
         rules = [
@@ -69,8 +67,8 @@ class EngineConfig:
             (self.dtype in precision.DTYPES, f"unknown dtype {self.dtype!r}"),
             (self.task in TASKS, f"task {self.task!r} is not one of {', '.join(TASKS)}"),
             (
-                self.speculative in SPECULATIVE_METHODS,
-                f"speculative {self.speculative!r} is not one of {', '.join(SPECULATIVE_METHODS)}",
+                self.speculative in drafts.METHODS,
+                f"speculative {self.speculative!r} is not one of {', '.join(drafts.METHODS)}",
             ),
             (self.num_speculative_tokens >= 1, "num_speculative_tokens must be at least 1"),
             (

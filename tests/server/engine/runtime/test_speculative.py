@@ -14,6 +14,8 @@ import pytest
 from kvpilot_common.errors import ConfigError
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine.runtime.speculative import NgramProposer
+from kvpilot_server.lora_request import LoRARequest
+from kvpilot_testing.lora import AdapterSpec, build_adapter
 
 MiB = 1 << 20
 
@@ -183,3 +185,46 @@ def test_no_drafts_while_more_sequences_run_than_the_limit(tiny_dir, corpus_ids)
     )
     assert [o.token_ids for o in _run(llm, prompts, params, oracle)] == [o.token_ids for o in plain]
     assert llm.engine.stats().speculation.drafts > 0
+
+
+def test_an_adapters_output_is_the_same_with_drafts(tiny_dir, corpus_ids, tmp_path):
+    """A drafted sequence's positions each read its LoRA adapter's slot, beside the base
+    model's rows in the same step."""
+    path = tiny_dir("llama")
+    adapter = build_adapter(
+        path, tmp_path / "tone", AdapterSpec(rank=4, targets=("q_proj", "v_proj"), seed=5)
+    )
+    prompts = [corpus_ids[i : i + 24] for i in range(0, 72, 24)]
+    requests = [LoRARequest("tone", 1, str(adapter)), None, LoRARequest("tone", 1, str(adapter))]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    args = {"kv_cache_bytes": 16 * MiB, "enable_lora": True, "max_lora_rank": 8}
+
+    def run(llm, oracle=None):
+        if oracle is not None:
+            llm.engine.scheduler.proposer = oracle
+        outputs = llm.generate(prompts, params, lora_request=requests)
+        assert llm.engine.stats().kv_cache_usage == 0.0
+        return [o.outputs[0].token_ids for o in outputs]
+
+    plain = run(LLM(str(path), **args))
+    oracle = Oracle({tuple(p): t for p, t in zip(prompts, plain, strict=True)})
+    llm = LLM(str(path), speculative="ngram", **args)
+    assert run(llm, oracle) == plain
+    assert llm.engine.stats().speculation.accepted_tokens > 0
+
+
+def test_two_tensor_parallel_ranks_with_drafts_match_hf(tiny_dir, corpus_ids, hf_greedy):
+    """Rank 0 plans the drafted positions as decodes; the other rank runs the same plan."""
+    path = tiny_dir("llama")
+    prompts = [corpus_ids[i : i + 30] for i in range(0, 90, 30)]
+    expected = [hf_greedy(path, p, 12) for p in prompts]
+    llm = LLM(str(path), tensor_parallel_size=2, kv_cache_bytes=4 * MiB, speculative="ngram")
+    try:
+        llm.engine.scheduler.proposer = Oracle(
+            {tuple(p): t for p, t in zip(prompts, expected, strict=True)}
+        )
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0))
+        assert [o.outputs[0].token_ids for o in outputs] == expected
+        assert llm.engine.stats().speculation.accepted_tokens > 0
+    finally:
+        llm.engine.close()
