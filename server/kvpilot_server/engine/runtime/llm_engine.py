@@ -119,6 +119,17 @@ class LLMEngine:
             self.lora = LoraSlots(self.model.lora[1], self.model.lora[0], config.max_loras)
         self.scheduler = Scheduler(config, self.pool, self.lora)
         self.speculation = speculative.Counts()
+        if self.scheduler.proposer is not None:
+            drafts = self.scheduler.proposer
+            log.info(
+                "speculative decoding: %s, up to %d draft tokens from the last %d..%d tokens "
+                "looked up, none while more than %d sequences run",
+                config.speculative,
+                drafts.num_tokens,
+                drafts.lookup_max,
+                drafts.lookup_min,
+                config.speculative_disable_by_batch_size,
+            )
         cache = kv_cache.allocate(
             cfg, self.dtype, self.device, num_blocks, config.block_size, config.kv_cache_dtype
         )
