@@ -82,7 +82,8 @@ class Scheduler:
         preempted = self._schedule_running(batch)
         if not preempted:
             self._schedule_waiting(batch)
-        drafts = self._speculate(batch)
+        # Blocks a preemption just freed are for the preempted to come back to, not for drafts.
+        drafts = {} if preempted else self._speculate(batch)
         return SchedulerOutput(batch, drafts)
 
     def update(self, scheduled: SchedulerOutput, tokens: dict[Sequence, list[int]]) -> None:
@@ -100,10 +101,10 @@ class Scheduler:
                 0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens)
             )
             seq.num_computed_tokens += n
+            if seq in tokens:  # first: accepted draft tokens are computed ones, keyed below
+                seq.token_ids.extend(tokens[seq])
+                self.waiting.sampled(seq, len(tokens[seq]))
             self.pool.commit_full_blocks(seq)
-        for seq, sampled in tokens.items():
-            seq.token_ids.extend(sampled)
-            self.waiting.sampled(seq, len(sampled))
 
     def _speculate(self, batch: dict[Sequence, int]) -> dict[Sequence, tuple[int, ...]]:
         """Draft tokens for the decoding sequences of this step, each added to its count."""

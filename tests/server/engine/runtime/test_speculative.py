@@ -228,3 +228,22 @@ def test_two_tensor_parallel_ranks_with_drafts_match_hf(tiny_dir, corpus_ids, hf
         assert llm.engine.stats().speculation.accepted_tokens > 0
     finally:
         llm.engine.close()
+
+
+def test_blocks_filled_by_accepted_drafts_serve_a_later_prompt_from_the_prefix_cache(
+    tiny_dir, corpus_ids
+):
+    """A block is keyed by the tokens whose K/V it holds, accepted draft tokens among them: the
+    conversation's next turn finds every full block of prompt and answer in the cache."""
+    path = str(tiny_dir("llama"))
+    prompt = corpus_ids[:21]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    answer = _run(LLM(path, kv_cache_bytes=16 * MiB), [prompt], params)[0].token_ids
+    llm = LLM(path, kv_cache_bytes=16 * MiB, speculative="ngram")
+    oracle = Oracle({tuple(prompt): answer}, spoil=10**9)
+    assert _run(llm, [prompt], params, oracle)[0].token_ids == answer
+    assert llm.engine.stats().speculation.accepted_tokens > 16  # drafts crossed blocks
+    both = prompt + answer[:-1]  # computed: the last token never was
+    llm.engine.scheduler.proposer = None
+    again = llm.generate([both], SamplingParams(max_tokens=1))[0]
+    assert again.num_cached_tokens == (len(both) - 1) // 16 * 16
