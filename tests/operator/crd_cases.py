@@ -82,6 +82,10 @@ INVALID_CASES: dict[str, tuple[dict, str]] = {
         amend({"model.source": "hf://meta-llama/Llama-3.1-70B-Instruct", "resources.gpus": 6}),
         "must divide the model's attention heads",
     ),
+    "lookup-min>max": (
+        amend({"engine.speculativeDecoding": {"method": "Ngram", "promptLookupMin": 5}}),
+        "promptLookupMin must not exceed promptLookupMax",
+    ),
     # ...a wrong enum value (blocking) does not: the rule on the source is not checked.
     "enum+scheme": (
         amend({"engine.quantization": "int8", "model.source": "s3://bucket/model"}),

@@ -22,7 +22,6 @@ speculation. Greedy output is the same tokens.
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from kvpilot_server.config import EngineConfig
@@ -51,18 +50,17 @@ class NgramProposer:
         k = min(self.num_tokens, limit)
         if k <= 0 or len(token_ids) <= self.lookup_min:
             return []
-        tokens = np.asarray(token_ids, dtype=np.int64)
+        tokens = torch.tensor(token_ids, dtype=torch.long)
         end = len(tokens)
         # Candidate starts of an earlier occurrence: where the last token appears before the end.
-        candidates = np.flatnonzero(tokens[: end - 1] == tokens[end - 1])
+        candidates = torch.nonzero(tokens[: end - 1] == tokens[end - 1]).flatten()
         for n in range(min(self.lookup_max, end - 1), self.lookup_min - 1, -1):
             # An occurrence of the n-token suffix ending at candidate c covers [c - n + 1, c].
             starts = candidates[candidates >= n - 1] - (n - 1)
             if len(starts) == 0:
                 continue
-            suffix = tokens[end - n :]
-            windows = np.lib.stride_tricks.sliding_window_view(tokens[: end - 1], n)
-            hits = starts[(windows[starts] == suffix).all(axis=1)]
+            windows = tokens[: end - 1].unfold(0, n, 1)  # a view: windows[s] = tokens[s : s + n]
+            hits = starts[(windows[starts] == tokens[end - n :]).all(dim=1)]
             if len(hits):
                 follow = int(hits[-1]) + n  # the latest occurrence: nearest text copies best
                 return tokens[follow : follow + k].tolist()
