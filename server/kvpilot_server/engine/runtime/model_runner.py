@@ -93,14 +93,12 @@ class ModelRunner:
         for seq, n in ordered:
             start = seq.num_computed_tokens
             first_row = len(ids)
-            if seq in drafts:  # its last token, then the draft
-                ids.extend(seq.token_ids[start:] + list(drafts[seq]))
-                drafted.append((seq, first_row, n))
-            else:
-                ids.extend(seq.token_ids[start : start + n])
+            ids.extend(seq.token_ids[start : start + n])  # with a draft: its last token
             positions.extend(range(start, start + n))
             slots.extend(self._slot(seq, p) for p in range(start, start + n))
             if seq in drafts:
+                ids.extend(drafts[seq])
+                drafted.append((seq, first_row, n))
                 continue
             if seq.pooled:  # every row's hidden state: the pooling is the engine's
                 scored.append((seq, first_row, n, start))

@@ -94,9 +94,8 @@ class Scheduler:
         sampled after them). A rejected draft token's position is not computed: the next step
         writes over its K/V."""
         for seq, n in scheduled.num_new_tokens.items():
-            draft = scheduled.drafts.get(seq, ())
-            if draft:
-                n -= len(draft) - (len(tokens[seq]) - 1 if seq in tokens else len(draft))
+            if seq in scheduled.drafts and seq in tokens:
+                n = len(tokens[seq])  # its last token and the accepted drafts; not the rejected
             self.num_prefill_tokens += max(
                 0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens)
             )
@@ -111,20 +110,22 @@ class Scheduler:
         if self.proposer is None or len(self.running) > self.speculate_up_to:
             return {}
         drafts = {}
+        budget = self._budget(batch)
         for seq, n in batch.items():
             if n != 1 or seq.num_uncomputed_tokens != 1 or not seq.speculate:
                 continue
             # Room for the draft and the token after it, within the budget and the context.
             limit = min(
-                seq.max_tokens - seq.num_output_tokens,
-                self.max_model_len - len(seq),
-                self._budget(batch) + 1,
+                seq.max_tokens - seq.num_output_tokens - 1,
+                self.max_model_len - len(seq) - 1,
+                budget,
             )
-            draft = self.proposer.propose(seq.token_ids, limit - 1)
+            draft = self.proposer.propose(seq.token_ids, limit)
             if draft and self.pool.can_allocate(seq, 1 + len(draft)):
                 self.pool.allocate(seq, 1 + len(draft))
                 batch[seq] = 1 + len(draft)
                 drafts[seq] = tuple(draft)
+                budget -= len(draft)
         return drafts
 
     def _budget(self, batch: dict[Sequence, int]) -> int:
