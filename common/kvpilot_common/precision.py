@@ -54,21 +54,27 @@ DTYPES = _table(
     DType("float16", "Float16", 2),
 )
 DEFAULT_DTYPE = "auto"
-# What auto resolves to. CPU: float32, the dtype whose greedy output equals Hugging Face's;
-# bfloat16 there means bfloat16 matrices in a float32 model (engine/layers/half_matrices.py),
-# several times faster on CPUs with AMX and hundreds of times slower on those without. GPUs run
-# 16-bit at full speed with half the memory.
+# What auto resolves to. CPU: bfloat16 where the CPU multiplies bfloat16 matrices in hardware
+# (AMX): there bfloat16 means bfloat16 matrices in a float32 model (engine/layers/half_matrices.py),
+# several times faster than float32 products at a small quality cost (`kvpilot eval`'s `none` row
+# against its float32 baseline). Without AMX the same products are hundreds of times slower, so
+# float32 stays, the dtype whose greedy output equals Hugging Face's (the tests' oracle, which is
+# why they name float32). GPUs run 16-bit at full speed with half the memory.
 AUTO_DTYPE_CPU = "float32"
+AUTO_DTYPE_CPU_AMX = "bfloat16"
 AUTO_DTYPE_GPU = "bfloat16"
 # Dtypes with a size: `kvpilot plan` needs one, it knows no device to resolve auto on.
 SIZED_DTYPES = tuple(name for name, dtype in DTYPES.items() if dtype.bytes)
 
 
-def resolve_dtype(name: str, gpu: bool) -> str:
-    """The dtype a model runs in: `name`, or for auto the device's."""
+def resolve_dtype(name: str, gpu: bool, amx: bool = False) -> str:
+    """The dtype a model runs in: `name`, or for auto the device's. Sizing that knows no CPU (the
+    operator's fit check) leaves `amx` False: a CPU model's float32 bytes are the larger count."""
     if name != "auto":
         return name
-    return AUTO_DTYPE_GPU if gpu else AUTO_DTYPE_CPU
+    if gpu:
+        return AUTO_DTYPE_GPU
+    return AUTO_DTYPE_CPU_AMX if amx else AUTO_DTYPE_CPU
 
 
 # -- fp8 --------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def run_job(job: Job) -> dict:
     """One config, in this process: build the engine, time it, then measure quality."""
     from kvpilot_common.memory_model import kv_bytes_per_token, shape_from_config
     from kvpilot_server import LLM
-    from kvpilot_server.engine.models.model_setup import resolve_device, resolve_dtype
+    from kvpilot_server.engine.models.model_setup import dtype_name, resolve_device, resolve_dtype
 
     config = json.loads((_model_path(job.model) / "config.json").read_text())
     # The KV cache's dtype for the engine below, to size its cache in advance.
@@ -76,6 +76,7 @@ def run_job(job: Job) -> dict:
     model = llm.engine.model
     tensors = {t.data_ptr(): t.nbytes for t in [*model.parameters(), *model.buffers()]}
     result: dict = {
+        "dtype": dtype_name(job.dtype, device),  # what auto meant here
         "weight_mib": round(sum(tensors.values()) / 2**20, 1),
         "kv_cache_mib": round(sum(layer.nbytes for layer in llm.engine.runner.kv_cache) / 2**20, 1),
     }

@@ -1,10 +1,11 @@
 """`kvpilot eval`: what a weight or KV cache precision costs on a model, in one command.
 
-Each config runs in a fresh process, so its peak resident memory is its own. Per config:
-perplexity on held-out natural text, greedy agreement with the baseline (the model dtype, no
-quantization: teacher-forced, the share of the baseline's own greedy tokens that the config
-also ranks first after the same prefix), decode tokens/s at batch 1, output tokens/s at batch
-32, resident memory while serving and its peak (loading included), weight and KV cache bytes.
+Each config runs in a fresh process, so its peak resident memory is its own. Per config: the
+dtype it ran in, perplexity on held-out natural text, greedy agreement with the baseline (the
+exact model: no quantization, float32 on a CPU, the model dtype on a GPU; teacher-forced, the
+share of the baseline's own greedy tokens that the config also ranks first after the same
+prefix), decode tokens/s at batch 1, output tokens/s at batch 32, resident memory while serving
+and its peak (loading included), weight and KV cache bytes.
 The KV cache holds the same number of tokens in every config, so its bytes show what a cache
 precision saves.
 
@@ -96,18 +97,29 @@ def run_eval(args: argparse.Namespace) -> int:
         speed_tokens=args.speed_tokens,
     )
     configs = parse_configs(args.configs, args.kv_cache_dtype, args.quantization_group_size)
-    # The baseline: the model dtype, nothing quantized; it runs anyway, so it is not repeated.
+    from kvpilot_server.engine.models.model_setup import dtype_name, resolve_device
+
+    device = resolve_device(args.device)
+    # The baseline is the exact model, nothing quantized: float32 on a CPU (where auto may mean
+    # bfloat16 matrices, a precision measured like any other), the model dtype on a GPU. It runs
+    # anyway, so a config that means the same is not repeated.
+    reference = precision.AUTO_DTYPE_CPU if device.type == "cpu" else precision.DEFAULT_DTYPE
     none, auto = precision.DEFAULT_QUANTIZATION, precision.DEFAULT_KV_CACHE_DTYPE
     group = precision.INT4_DEFAULT_GROUP_SIZE
-    baseline_job = Job(quantization=none, group_size=group, kv_cache_dtype=auto, **base)
-    unquantized = (none, auto, precision.DEFAULT_LM_HEAD_QUANTIZATION, precision.DEFAULT_DTYPE)
-    configs = [c for c in configs if (c[0], c[2], c[3], c[4]) != unquantized]
+    baseline_job = Job(
+        quantization=none, group_size=group, kv_cache_dtype=auto, dtype=reference, **base
+    )
+    unquantized = (none, auto, precision.DEFAULT_LM_HEAD_QUANTIZATION)
+    exact = dtype_name(reference, device)
+    configs = [
+        c for c in configs if (c[0], c[2], c[3]) != unquantized or dtype_name(c[4], device) != exact
+    ]
     baseline = _in_fresh_process(baseline_job)
     if "error" in baseline:
         print(f"kvpilot eval: baseline failed: {baseline['error']}", file=sys.stderr)
         return 1
     continuations = baseline.pop("continuations")
-    results = {"none": baseline}
+    results = {baseline_job.name: baseline}
     for quantization, group, kv, lm_head, dtype in configs:
         job = Job(
             quantization=quantization,
@@ -124,7 +136,12 @@ def run_eval(args: argparse.Namespace) -> int:
             figures["perplexity_vs_baseline"] = round(
                 figures["perplexity"] / baseline["perplexity"], 4
             )
-    report = {"model": args.model, "text_source": args.text or "pydoc_data", "configs": results}
+    report = {
+        "model": args.model,
+        "text_source": args.text or "pydoc_data",
+        "baseline": baseline_job.name,
+        "configs": results,
+    }
     print(json.dumps(report, indent=2) if args.json else _table(results))
     return 1 if any("error" in r for r in results.values()) else 0
 
@@ -143,6 +160,7 @@ def _in_fresh_process(job: Job) -> dict:
 
 
 _COLUMNS = [
+    ("dtype", "dtype"),
     ("perplexity", "ppl"),
     ("perplexity_vs_baseline", "ppl/base"),
     ("greedy_agreement", "agree"),

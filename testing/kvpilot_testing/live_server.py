@@ -67,11 +67,13 @@ def terminate(proc: subprocess.Popen, grace: float = 30.0) -> None:
 def start_tiny_server(
     model_dir, *extra: str, host: str = "127.0.0.1", port: int = 0, name: str = "tiny"
 ):
-    """The tiny Llama test model served as `name` with a 256-token context, plus extra flags."""
+    """The tiny Llama test model served as `name` with a 256-token context, in float32 (the
+    dtype tests hold equal to Hugging Face's), plus extra flags."""
     return start_server(
         "--model",
         str(model_dir),
         f"--served-model-name={name}",
+        "--dtype=float32",
         "--kv-cache-bytes",
         "16MiB",
         "--max-model-len",

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from kvpilot_common.prose import default_text
+from kvpilot_server.engine.layers import half_matrices
 from kvpilot_server.evaluate import parse_configs
 
 
@@ -63,10 +64,20 @@ def test_eval_measures_each_precision_against_float32():
     assert done.returncode == 1, done.stderr  # 1: fp8 cannot run on this machine
     results = json.loads(done.stdout)["configs"]
     print(json.dumps(results, indent=1))
-    assert set(results) == {"none", "int8", "int4-g32", "int4-g64", "none+kv-int8", "fp8"}
+    quantized = {"int8", "int4-g32", "int4-g64", "none+kv-int8", "fp8"}
+    # The baseline is float32; config none is auto: bfloat16 matrices where this CPU has AMX
+    # (then a row of its own), float32 where it has not (then the baseline covers it).
+    amx = half_matrices.amx_capable()
+    assert set(results) == {"none@float32", *quantized, *(["none"] if amx else [])}
     assert "compute capability 8.9" in results["fp8"]["error"]
-    base = results["none"]
+    base = results["none@float32"]
+    assert base["dtype"] == "float32"
     assert 1 < base["perplexity"] < 100  # a real model on real prose
+    if amx:
+        assert results["none"]["dtype"] == "bfloat16"
+        assert 1.0 != results["none"]["perplexity_vs_baseline"] <= 1.01
+        assert results["none"]["greedy_agreement"] >= 0.90
+        assert results["none"]["weight_mib"] < base["weight_mib"]
     assert base["greedy_agreement"] >= 0.95  # float32 against its own greedy tokens
     # The bars: int8 within +1%, int4 within +15%, KV int8 within +1%.
     assert results["int8"]["perplexity_vs_baseline"] <= 1.01
@@ -83,7 +94,7 @@ def test_eval_measures_each_precision_against_float32():
     assert results["none+kv-int8"]["kv_cache_mib"] < 0.3 * base["kv_cache_mib"]
     assert results["int4-g64"]["weight_mib"] < results["int4-g32"]["weight_mib"]
     assert results["int4-g32"]["weight_mib"] < results["int8"]["weight_mib"] < base["weight_mib"]
-    for name in ("none", "int8", "int4-g32", "int4-g64", "none+kv-int8"):
+    for name in ("none@float32", "int8", "int4-g32", "int4-g64", "none+kv-int8"):
         figures = results[name]
         assert figures["batch1_decode_tokens_per_s"] > 0
         assert figures["batch32_output_tokens_per_s"] > 0

@@ -175,7 +175,11 @@ def test_known_smollm2_shape_matches_its_config(smollm2):
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
 def test_predicted_weights_and_kv_match_what_the_engine_allocates(smollm2, kv_cache_dtype):
     llm = LLM(
-        str(smollm2), max_model_len=1024, kv_cache_bytes=256 << 20, kv_cache_dtype=kv_cache_dtype
+        str(smollm2),
+        max_model_len=1024,
+        kv_cache_bytes=256 << 20,
+        kv_cache_dtype=kv_cache_dtype,
+        dtype="float32",
     )
     engine = llm.engine
     shape = KNOWN_MODELS["builtin://smollm2-135m-instruct"]
@@ -200,6 +204,7 @@ def test_quantized_weights_are_predicted_too(smollm2, quantization, group):
         kv_cache_bytes=64 << 20,
         quantization=quantization,
         quantization_group_size=group,
+        dtype="float32",
     )
     tensors = [*llm.engine.model.parameters(), *llm.engine.model.buffers()]
     measured = sum({t.data_ptr(): t.nbytes for t in tensors}.values())
@@ -212,7 +217,7 @@ def test_quantized_weights_are_predicted_too(smollm2, quantization, group):
 @pytest.mark.parametrize("name", ["llama", "qwen2"])  # untied, tied
 def test_an_int8_lm_head_is_counted_as_the_engine_stores_it(tiny_dir, name):
     path = tiny_dir(name)
-    llm = LLM(str(path), kv_cache_bytes=16 << 20, lm_head_quantization="int8")
+    llm = LLM(str(path), kv_cache_bytes=16 << 20, lm_head_quantization="int8", dtype="float32")
     tensors = [*llm.engine.model.parameters(), *llm.engine.model.buffers()]
     measured = sum({t.data_ptr(): t.nbytes for t in tensors}.values())
     shape = shape_from_config(json.loads((path / "config.json").read_text()))

@@ -47,7 +47,9 @@ class Served:
 
 
 def serve_in_process(model_dir, **settings) -> Served:
-    config = EngineConfig(model=str(model_dir), kv_cache_bytes=16 << 20, max_model_len=256)
+    config = EngineConfig(
+        model=str(model_dir), kv_cache_bytes=16 << 20, max_model_len=256, dtype="float32"
+    )
     engine = AsyncEngine.from_config(config).start()
     app = build_app(engine, ServerSettings(served_model_name="tiny", **settings))
     with socket.socket() as s:

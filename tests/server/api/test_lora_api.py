@@ -49,7 +49,7 @@ def lora_list(tmp_path_factory) -> Path:
 def server(tiny_dir, lora_root, lora_list):
     proc, base = start_server(
         "--model", str(tiny_dir("llama")), "--served-model-name", "tiny",
-        "--kv-cache-bytes", "16MiB", "--max-model-len", "256",
+        "--kv-cache-bytes", "16MiB", "--max-model-len", "256", "--dtype", "float32",
         "--lora-modules", f"attn={lora_root / 'attn'}",
         "--allow-runtime-lora-updating", "--lora-dir", str(lora_root),
         "--lora-config", str(lora_list),

@@ -7,8 +7,9 @@ than float32 ones (oneDNN, behind torch's linear), from half the bytes. The rest
 has its compiled kernels in float32, so it stays there, and so does the KV cache: activations
 are rounded to bfloat16 only on their way into a product, whose output comes back as float32.
 The cost in quality is in `kvpilot eval`. Without AMX, bfloat16 products are far slower than
-float32 ones (model_setup.resolve_dtype warns), and float32 stays the default everywhere on CPU:
-it is the dtype whose greedy output equals Hugging Face's.
+float32 ones (model_setup.resolve_dtype warns). So dtype auto means this mode on a CPU with AMX
+and float32 on one without (precision.resolve_dtype); float32 is the dtype whose greedy output
+equals Hugging Face's.
 """
 
 import torch

@@ -39,7 +39,7 @@ def build_model(
     if shared:
         share_int8_scales(model, floats, absmax)
     quantize_lm_head(model, config.lm_head_quantization, device)
-    if half_matrices.applies(config.dtype, device):
+    if half_matrices.applies(dtype_name(config.dtype, device), device):
         half_matrices.convert(model)
     if config.enable_lora:  # last: the adapters wrap whatever the base projections became
         model.lora = lora_layers.attach(model, config.max_loras, config.max_lora_rank)
@@ -90,11 +90,16 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def dtype_name(name: str, device: torch.device) -> str:
+    """What a dtype setting means on this device: auto resolved (precision.py says why)."""
+    amx = device.type == "cpu" and half_matrices.amx_capable()
+    return precision.resolve_dtype(name, gpu=device.type == "cuda", amx=amx)
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """The model's dtype: its activations, norms and KV cache (bfloat16 on CPU keeps those
     float32 and only its matrices bfloat16: engine/layers/half_matrices.py)."""
-    if name == "auto":  # why each device gets what it gets: precision.py
-        return getattr(torch, precision.resolve_dtype(name, gpu=device.type == "cuda"))
+    name = dtype_name(name, device)
     if half_matrices.applies(name, device):
         if not half_matrices.amx_capable():
             log.warning("this CPU has no AMX: bfloat16 products are far slower than float32")

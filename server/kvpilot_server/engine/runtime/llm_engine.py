@@ -33,6 +33,7 @@ from kvpilot_server.engine.models.model_setup import (
     build_model,
     count_blocks,
     cpu_kernel,
+    dtype_name,
     resolve_device,
     resolve_dtype,
 )
@@ -84,6 +85,10 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        name = dtype_name(config.dtype, self.device)
+        if str(self.dtype) != f"torch.{name}":  # bfloat16 on CPU: layers/half_matrices.py
+            name += " matrices; float32 activations and KV cache"
+        log.info("dtype %s: %s", config.dtype, name)
         path = self.model_path = resolve_model(config.model)
         size = tensor_parallel_size(config, self.device)
         # Checked before any worker starts: a size that cannot split the model is a config error.

@@ -61,6 +61,7 @@ def test_two_ranks_match_hf(name, tiny_dir, corpus_ids, hf_greedy, open_engines)
         max_num_batched_tokens=24,  # every prompt is prefilled in chunks
         kv_cache_bytes=_per_rank_bytes(path, 320, 2),  # about two sequences at a time
         max_model_len=320,
+        dtype="float32",
     )
     open_engines.append(llm)
     engine = llm.engine
@@ -89,7 +90,13 @@ def test_int8_at_two_ranks_agrees_with_one(name, tiny_dir, corpus_ids, open_engi
     params = SamplingParams(max_tokens=24, temperature=0.0)
     outputs = []
     for ranks in (1, 2):
-        llm = LLM(str(path), quantization="int8", tensor_parallel_size=ranks, kv_cache_bytes=MiB)
+        llm = LLM(
+            str(path),
+            quantization="int8",
+            tensor_parallel_size=ranks,
+            kv_cache_bytes=MiB,
+            dtype="float32",
+        )
         open_engines.append(llm)
         outputs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
     assert open_engines[1].engine.workers is not None
@@ -98,4 +105,4 @@ def test_int8_at_two_ranks_agrees_with_one(name, tiny_dir, corpus_ids, open_engi
 
 def test_a_size_that_does_not_divide_the_heads_is_refused_before_any_worker(tiny_dir):
     with pytest.raises(ConfigError, match="does not divide the model's 4 attention heads"):
-        LLM(str(tiny_dir("llama")), tensor_parallel_size=3)
+        LLM(str(tiny_dir("llama")), tensor_parallel_size=3, dtype="float32")

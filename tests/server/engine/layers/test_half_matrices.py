@@ -70,5 +70,5 @@ def test_quantized_layers_stay_quantized_and_float32_stays_float32(tiny_dir):
     layer = int4.engine.model.layers[0]
     assert type(layer.mlp.gate_up_proj).__name__ == "Int4Linear"
     assert isinstance(int4.engine.model.lm_head, HalfLinear)  # the float one left
-    plain = LLM(path, kv_cache_bytes=16 * MiB)  # auto: float32 on CPU, the exact reference
+    plain = LLM(path, kv_cache_bytes=16 * MiB, dtype="float32")  # the exact reference
     assert not any(isinstance(m, HalfLinear) for m in plain.engine.model.modules())

@@ -200,10 +200,12 @@ def test_without_the_kernel_the_reference_path_gives_the_same_answer(monkeypatch
 def test_smollm2_answers_and_agrees_with_float32(smollm2, corpus_ids, engine_args, bar):
     prompts = [corpus_ids[i * 40 : i * 40 + 60] for i in range(8)]
     greedy = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    reference = LLM(str(smollm2), max_model_len=512, kv_cache_bytes=64 << 20)
+    reference = LLM(str(smollm2), max_model_len=512, kv_cache_bytes=64 << 20, dtype="float32")
     expected = [o.outputs[0].token_ids for o in reference.generate(prompts, greedy)]
     del reference
-    llm = LLM(str(smollm2), max_model_len=512, kv_cache_bytes=64 << 20, **engine_args)
+    llm = LLM(
+        str(smollm2), max_model_len=512, kv_cache_bytes=64 << 20, **engine_args, dtype="float32"
+    )
     answer = llm.chat(
         [{"role": "user", "content": "What is the capital of France?"}],
         SamplingParams(max_tokens=20, temperature=0.0),
@@ -225,10 +227,12 @@ def test_unsupported_combinations_fail_at_start(smollm2):
     with pytest.raises(
         ConfigError, match=r"fp8 weights need a CUDA GPU of compute capability 8\.9"
     ):
-        LLM(str(smollm2), device="cpu", quantization="fp8", kv_cache_bytes=16 << 20)
+        LLM(
+            str(smollm2), device="cpu", quantization="fp8", kv_cache_bytes=16 << 20, dtype="float32"
+        )
     # SmolLM2's hidden size is 576 = 4.5 x 128.
     with pytest.raises(ConfigError, match=r"int4 group size 128 does not divide .* 576 inputs"):
-        LLM(str(smollm2), quantization="int4", quantization_group_size=128)
+        LLM(str(smollm2), quantization="int4", quantization_group_size=128, dtype="float32")
     with pytest.raises(ConfigError, match="quantization_group_size must be 32, 64 or 128"):
         EngineConfig(quantization="int4", quantization_group_size=48)
     with pytest.raises(ConfigError, match="quantization 'int3' is not supported"):

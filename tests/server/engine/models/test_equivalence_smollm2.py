@@ -27,7 +27,7 @@ def _assert_matches_hf(llm, smollm2, workload, hf_greedy):
 
 
 def test_chat_answers_paris_like_hf(smollm2, hf_greedy):
-    llm = LLM(kv_cache_bytes=64 * MiB, max_model_len=1024)
+    llm = LLM(kv_cache_bytes=64 * MiB, max_model_len=1024, dtype="float32")
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     out = llm.chat(messages, SamplingParams(max_tokens=30, temperature=0.0))[0]
     assert "Paris" in out.outputs[0].text
@@ -51,7 +51,7 @@ def test_chat_answers_paris_like_hf(smollm2, hf_greedy):
 )
 def test_sixteen_concurrent_requests_match_hf(smollm2, workload, hf_greedy, engine_args):
     args = {"kv_cache_bytes": 128 * MiB, "max_model_len": 1024, **engine_args}
-    llm = LLM(**args)
+    llm = LLM(**args, dtype="float32")
     _assert_matches_hf(llm, smollm2, workload, hf_greedy)
     if "kv_cache_bytes" in engine_args:
         assert llm.engine.scheduler.num_preemptions > 0
@@ -60,7 +60,7 @@ def test_sixteen_concurrent_requests_match_hf(smollm2, workload, hf_greedy, engi
 
 
 def test_shared_system_prompt_hits_prefix_cache(smollm2, corpus_ids, hf_greedy):
-    llm = LLM(kv_cache_bytes=128 * MiB, max_model_len=1024)
+    llm = LLM(kv_cache_bytes=128 * MiB, max_model_len=1024, dtype="float32")
     system = [{"role": "system", "content": "You are a careful geography tutor. " * 16}]
     questions = ["Where is Peru?", "Name a river in Asia.", "What is a glacier?", "Is Oslo cold?"]
     chats = [[*system, {"role": "user", "content": q}] for q in questions]

@@ -20,7 +20,7 @@ def test_logprobs_match_hf_through_the_final_logit_cap(tiny_dir, corpus_ids):
     """A cap is monotone, so greedy tokens cannot show it; probabilities do. gemma2 caps its
     logits at 1, about their own size, so every probability moves."""
     path = tiny_dir("gemma2")
-    llm = LLM(str(path), kv_cache_bytes=16 * MiB)
+    llm = LLM(str(path), kv_cache_bytes=16 * MiB, dtype="float32")
     prompt = corpus_ids[30:90]
     params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
     found = llm.generate([prompt], params)[0].prompt_logprobs
@@ -38,7 +38,7 @@ def test_int8_matches_hf_on_the_same_int8_weights(name, tiny_dir, corpus_ids):
     """Decode steps take the int8 kernel, prefills the expanded weight: both equal transformers
     computing with the int8 weights in float32."""
     path = tiny_dir(name)
-    llm = LLM(str(path), quantization="int8", kv_cache_bytes=16 * MiB)
+    llm = LLM(str(path), quantization="int8", kv_cache_bytes=16 * MiB, dtype="float32")
     prompts = [corpus_ids[s : s + n] for s, n in ((5, 3), (100, 40), (300, 120), (700, 17))]
     params = SamplingParams(max_tokens=16, temperature=0.0)
     reference = hf_with_int8_weights(path)
@@ -50,9 +50,11 @@ def test_compiled_paths_serve_what_they_can(tiny_dir, corpus_ids):
     """Gemma 2's capped attention logits keep the decode kernel off; Gemma 3 decodes through it
     (with its own query scale). Neither runs the decode stack, even with int4 weights, where a
     Llama would."""
-    gemma2 = LLM(str(tiny_dir("gemma2")), kv_cache_bytes=4 * MiB)
+    gemma2 = LLM(str(tiny_dir("gemma2")), kv_cache_bytes=4 * MiB, dtype="float32")
     assert gemma2.engine.runner.kernel is None
-    gemma3 = LLM(str(tiny_dir("gemma3")), quantization="int4", kv_cache_bytes=4 * MiB)
+    gemma3 = LLM(
+        str(tiny_dir("gemma3")), quantization="int4", kv_cache_bytes=4 * MiB, dtype="float32"
+    )
     gemma3.generate([corpus_ids[:20]], SamplingParams(max_tokens=3, temperature=0.0))
     assert gemma3.engine.runner.kernel is not None
     assert gemma3.engine.model.stack is None

@@ -31,7 +31,7 @@ def test_logprobs_match_hf_through_the_sinks(tiny_dir, corpus_ids):
     """Every prompt position's log-probabilities, over both layer kinds (a prompt longer than
     the sliding window), equal transformers': a sink left out or misplaced moves them all."""
     path = tiny_dir("gpt-oss")
-    llm = LLM(str(path), kv_cache_bytes=16 * MiB)
+    llm = LLM(str(path), kv_cache_bytes=16 * MiB, dtype="float32")
     assert llm.engine.runner.kernel is None  # the compiled decode kernel has no sinks
     prompt = corpus_ids[30:90]
     params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=1)
@@ -116,10 +116,10 @@ def test_an_mxfp4_checkpoint_generates_as_transformers_does(mxfp4_dir, hf_greedy
     start); int8 on top equals transformers computing with the same int8 weights."""
     prompts = [corpus_ids[10:70], corpus_ids[200:213], corpus_ids[10:50] + corpus_ids[400:420]]
     params = SamplingParams(max_tokens=12, temperature=0.0)
-    llm = LLM(str(mxfp4_dir), kv_cache_bytes=16 * MiB, max_num_batched_tokens=32)
+    llm = LLM(str(mxfp4_dir), kv_cache_bytes=16 * MiB, max_num_batched_tokens=32, dtype="float32")
     for prompt, out in zip(prompts, llm.generate(prompts, params), strict=True):
         assert out.outputs[0].token_ids == hf_greedy(mxfp4_dir, prompt, 12)
-    int8 = LLM(str(mxfp4_dir), quantization="int8", kv_cache_bytes=16 * MiB)
+    int8 = LLM(str(mxfp4_dir), quantization="int8", kv_cache_bytes=16 * MiB, dtype="float32")
     reference = hf_with_int8_weights(mxfp4_dir)
     for prompt, out in zip(prompts, int8.generate(prompts, params), strict=True):
         assert out.outputs[0].token_ids == hf_greedy_of(reference, prompt, 12)

@@ -31,7 +31,7 @@ def test_int8_experts_match_hf_on_the_same_int8_weights(name, tiny_dir, corpus_i
     """Decode steps take the int8 kernel (few rows per expert), prefills the expanded weight:
     both equal transformers computing with the int8 weights in float32."""
     path = tiny_dir(name)
-    llm = LLM(str(path), quantization="int8", kv_cache_bytes=16 * MiB)
+    llm = LLM(str(path), quantization="int8", kv_cache_bytes=16 * MiB, dtype="float32")
     prompts = _prompts(corpus_ids, [3, 40, 120, 17])
     params = SamplingParams(max_tokens=16, temperature=0.0)
     reference = hf_with_int8_weights(path)
@@ -41,7 +41,7 @@ def test_int8_experts_match_hf_on_the_same_int8_weights(name, tiny_dir, corpus_i
 
 def test_a_decode_step_reads_only_the_chosen_experts(tiny_dir, corpus_ids, monkeypatch):
     """At batch 1 each sparse layer runs exactly top-k experts per step, never the others."""
-    llm = LLM(str(tiny_dir("qwen3-moe")), kv_cache_bytes=16 * MiB, block_size=1)
+    llm = LLM(str(tiny_dir("qwen3-moe")), kv_cache_bytes=16 * MiB, block_size=1, dtype="float32")
     blocks = [m for m in llm.engine.model.modules() if isinstance(m, SparseMoe)]
     assert len(blocks) == 2 and all(len(b.experts) == 8 for b in blocks)
     ran: list[tuple[int, int]] = []  # (block, expert) per expert call

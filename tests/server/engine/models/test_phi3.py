@@ -30,7 +30,7 @@ def _check(llm: LLM, prompts, max_tokens: int, expected) -> None:
 def test_int8_matches_hf_on_the_same_int8_weights(tiny_dir, corpus_ids):
     """The fused qkv and gate/up rows are quantized as transformers' fused rows are."""
     path = tiny_dir("phi3")
-    llm = LLM(str(path), quantization="int8", kv_cache_bytes=16 * MiB)
+    llm = LLM(str(path), quantization="int8", kv_cache_bytes=16 * MiB, dtype="float32")
     reference = hf_with_int8_weights(path)
     prompts = _prompts(corpus_ids, [3, 40, 120, 17])
     _check(llm, prompts, 16, lambda prompt: hf_greedy_of(reference, prompt, 16))
@@ -40,7 +40,13 @@ def test_longrope_within_the_original_length_is_the_short_factor(tiny_dir, corpu
     """max_model_len <= original_max_position_embeddings: no position passes it, transformers
     never leaves the short factor, and neither does the engine."""
     path = tiny_dir("phi3-longrope")
-    llm = LLM(str(path), kv_cache_bytes=16 * MiB, max_model_len=SHORT, max_num_batched_tokens=32)
+    llm = LLM(
+        str(path),
+        kv_cache_bytes=16 * MiB,
+        max_model_len=SHORT,
+        max_num_batched_tokens=32,
+        dtype="float32",
+    )
     cfg = llm.engine.model.cfg
     assert torch.equal(llm.engine.runner.cos, rope_tables(_with(cfg, cfg.inv_freq), SHORT)[0])
     prompts = _prompts(corpus_ids, [5, 40, 90, 100])
@@ -53,7 +59,7 @@ def test_longrope_past_the_original_length_is_the_long_factor(tiny_dir, corpus_i
     factor for the whole sequence); a shorter one gets the long factor too, which transformers
     would give it only once it passed that length."""
     path = tiny_dir("phi3-longrope")
-    llm = LLM(str(path), kv_cache_bytes=16 * MiB, max_num_batched_tokens=48)
+    llm = LLM(str(path), kv_cache_bytes=16 * MiB, max_num_batched_tokens=48, dtype="float32")
     cfg = llm.engine.model.cfg
     assert llm.engine.max_model_len == cfg.max_position_embeddings > SHORT
     long_cos = rope_tables(_with(cfg, cfg.long_inv_freq), cfg.max_position_embeddings)[0]

@@ -49,7 +49,7 @@ def _cosines(outputs, reference) -> list[float]:
 def test_vectors_equal_transformers_pooled_alike(mode, embedders, corpus_ids):
     path = embedders[mode]
     # Chunks of 24 tokens: the longer inputs are pooled across several steps.
-    llm = LLM(str(path), kv_cache_bytes=16 * MiB, max_num_batched_tokens=24)
+    llm = LLM(str(path), kv_cache_bytes=16 * MiB, max_num_batched_tokens=24, dtype="float32")
     assert llm.engine.task == "embed"
     prompts = [corpus_ids[s : s + n] for s, n in ((0, 1), (40, 23), (90, 100), (300, 57))]
     outputs = llm.embed(prompts)
@@ -62,7 +62,9 @@ def test_vectors_equal_transformers_pooled_alike(mode, embedders, corpus_ids):
 
 
 def test_a_vector_does_not_depend_on_its_batch(embedders, corpus_ids):
-    llm = LLM(str(embedders["mean"]), kv_cache_bytes=16 * MiB, max_num_batched_tokens=64)
+    llm = LLM(
+        str(embedders["mean"]), kv_cache_bytes=16 * MiB, max_num_batched_tokens=64, dtype="float32"
+    )
     target = corpus_ids[100:180]
     alone = llm.embed([target])[0].embedding
     crowd = [corpus_ids[s : s + 70] for s in range(0, 700, 70)]
@@ -80,7 +82,11 @@ def test_preempted_inputs_are_pooled_once(embedders, corpus_ids):
     path = embedders["mean"]
     per_token = 2 * 2 * 2 * 16 * 4  # K and V, layers, kv heads, head_dim, float32
     llm = LLM(
-        str(path), kv_cache_bytes=per_token * 160, max_model_len=150, max_num_batched_tokens=100
+        str(path),
+        kv_cache_bytes=per_token * 160,
+        max_model_len=150,
+        max_num_batched_tokens=100,
+        dtype="float32",
     )
     engine, prompts = llm.engine, [corpus_ids[0:140], corpus_ids[150:290]]
     engine.add_request("batch", prompts[0], PoolingParams(), Priority.BATCH)
@@ -97,7 +103,7 @@ def test_preempted_inputs_are_pooled_once(embedders, corpus_ids):
 
 
 def test_matryoshka_dimensions_truncate_then_normalize(embedders, corpus_ids):
-    llm = LLM(str(embedders["last"]), kv_cache_bytes=16 * MiB)
+    llm = LLM(str(embedders["last"]), kv_cache_bytes=16 * MiB, dtype="float32")
     prompt = corpus_ids[:30]
     full = torch.tensor(llm.embed([prompt])[0].embedding)
     short = torch.tensor(llm.embed([prompt], PoolingParams(dimensions=16))[0].embedding)
@@ -109,15 +115,15 @@ def test_matryoshka_dimensions_truncate_then_normalize(embedders, corpus_ids):
 
 
 def test_each_task_refuses_the_other(embedders, tiny_dir, corpus_ids):
-    embedder = LLM(str(embedders["mean"]), kv_cache_bytes=16 * MiB)
+    embedder = LLM(str(embedders["mean"]), kv_cache_bytes=16 * MiB, dtype="float32")
     with pytest.raises(InvalidRequestError, match="serves embed requests, not generate"):
         embedder.generate([corpus_ids[:5]], SamplingParams(max_tokens=2))
     with pytest.raises(InvalidRequestError, match="not trained for shortened embeddings"):
         embedder.embed([corpus_ids[:5]], PoolingParams(dimensions=8))
-    generator = LLM(str(tiny_dir("llama")), kv_cache_bytes=16 * MiB)
+    generator = LLM(str(tiny_dir("llama")), kv_cache_bytes=16 * MiB, dtype="float32")
     assert generator.engine.task == "generate"
     with pytest.raises(InvalidRequestError, match="serves generate requests, not embed"):
         generator.embed([corpus_ids[:5]])
-    forced = LLM(str(tiny_dir("llama")), kv_cache_bytes=16 * MiB, task="embed")
+    forced = LLM(str(tiny_dir("llama")), kv_cache_bytes=16 * MiB, task="embed", dtype="float32")
     vector = forced.embed([corpus_ids[:9]])[0].embedding  # no sentence-transformers config
     assert abs(torch.tensor(vector).norm().item() - 1.0) < 1e-5  # last token, normalized

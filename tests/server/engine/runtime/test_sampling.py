@@ -109,7 +109,9 @@ def test_prompt_logprobs_match_the_model_through_chunks_and_the_prefix_cache(tin
     from transformers import AutoModelForCausalLM
 
     # A 40-token budget prefills the 70-token prompts in chunks, three at once.
-    llm = LLM(str(tiny_dir("llama")), kv_cache_bytes=16 << 20, max_num_batched_tokens=40)
+    llm = LLM(
+        str(tiny_dir("llama")), kv_cache_bytes=16 << 20, max_num_batched_tokens=40, dtype="float32"
+    )
     prompt = corpus_ids[:70]
     llm.generate(prompt, SamplingParams(max_tokens=1))  # the prompt's blocks are now cached
     params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=2)

@@ -81,7 +81,7 @@ def _choices(llm: LLM, prompt: list[int], params: list[SamplingParams]) -> tuple
 
 def test_greedy_choices_cost_one_prefill_and_match_hf(tiny_dir, prompt, hf_greedy):
     path = tiny_dir("llama")
-    llm = LLM(str(path), kv_cache_bytes=16 * MiB)
+    llm = LLM(str(path), kv_cache_bytes=16 * MiB, dtype="float32")
     tokens, computed = _choices(llm, prompt, [SamplingParams(max_tokens=20, temperature=0)] * N)
     assert tokens == [hf_greedy(path, prompt, 20)] * N
     assert computed == LENGTH + (N - 1) * (LENGTH % BLOCK)
@@ -90,7 +90,7 @@ def test_greedy_choices_cost_one_prefill_and_match_hf(tiny_dir, prompt, hf_greed
 
 def test_without_prefix_caching_choices_prefill_each_and_match_hf(tiny_dir, prompt, hf_greedy):
     path = tiny_dir("llama")
-    llm = LLM(str(path), kv_cache_bytes=16 * MiB, enable_prefix_caching=False)
+    llm = LLM(str(path), kv_cache_bytes=16 * MiB, enable_prefix_caching=False, dtype="float32")
     tokens, computed = _choices(llm, prompt, [SamplingParams(max_tokens=12, temperature=0)] * N)
     assert tokens == [hf_greedy(path, prompt, 12)] * N
     assert computed == N * LENGTH
@@ -123,7 +123,9 @@ def test_aborting_a_held_choice_or_all_frees_every_block(tiny_llm, prompt):
 def test_choices_survive_preemption_and_match_hf(tiny_dir, prompt, hf_greedy):
     path = tiny_dir("llama")
     # 18 blocks: the shared prompt takes 12, too few are left for four tails: preemptions.
-    llm = LLM(str(path), kv_cache_bytes=_bytes_for_tokens(path, 288), max_model_len=256)
+    llm = LLM(
+        str(path), kv_cache_bytes=_bytes_for_tokens(path, 288), max_model_len=256, dtype="float32"
+    )
     tokens, _ = _choices(llm, prompt, [SamplingParams(max_tokens=50, temperature=0)] * N)
     assert tokens == [hf_greedy(path, prompt, 50)] * N
     assert llm.engine.scheduler.num_preemptions > 0

@@ -48,7 +48,7 @@ def test_bad_settings_are_refused_at_start():
         {"speculative_disable_by_batch_size": 0},
     ):
         with pytest.raises(ConfigError):
-            LLM(kv_cache_bytes=MiB, **bad)
+            LLM(kv_cache_bytes=MiB, **bad, dtype="float32")
 
 
 @dataclasses.dataclass
@@ -100,9 +100,9 @@ def test_greedy_output_with_drafts_is_the_plain_output(tiny_dir, corpus_ids, eng
     prompts.append(corpus_ids[:20])
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     args = {"kv_cache_bytes": 16 * MiB, **engine_args}
-    plain = _run(LLM(path, **args), prompts, params)
+    plain = _run(LLM(path, **args, dtype="float32"), prompts, params)
     oracle = Oracle({tuple(p): o.token_ids for p, o in zip(prompts, plain, strict=True)})
-    llm = LLM(path, speculative="ngram", **args)
+    llm = LLM(path, speculative="ngram", **args, dtype="float32")
     drafted = _run(llm, prompts, params, oracle)
     assert [o.token_ids for o in drafted] == [o.token_ids for o in plain]
     assert [o.text for o in drafted] == [o.text for o in plain]
@@ -131,9 +131,9 @@ def test_seeded_sampling_with_penalties_and_logprobs_draws_the_plain_tokens(tiny
         )
         for i in range(len(prompts))
     ]
-    plain = _run(LLM(path, kv_cache_bytes=16 * MiB), prompts, params)
+    plain = _run(LLM(path, kv_cache_bytes=16 * MiB, dtype="float32"), prompts, params)
     oracle = Oracle({tuple(p): o.token_ids for p, o in zip(prompts, plain, strict=True)})
-    llm = LLM(path, kv_cache_bytes=16 * MiB, speculative="ngram")
+    llm = LLM(path, kv_cache_bytes=16 * MiB, speculative="ngram", dtype="float32")
     drafted = _run(llm, prompts, params, oracle)
     assert [o.token_ids for o in drafted] == [o.token_ids for o in plain]
     for got, want in zip(drafted, plain, strict=True):
@@ -149,18 +149,21 @@ def test_a_stop_inside_an_accepted_draft_ends_the_output_there(tiny_dir, corpus_
     path = str(tiny_dir("llama"))
     prompt = corpus_ids[:30]
     greedy = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
-    full = _run(LLM(path, kv_cache_bytes=16 * MiB), [prompt], greedy)[0]
+    full = _run(LLM(path, kv_cache_bytes=16 * MiB, dtype="float32"), [prompt], greedy)[0]
     text = full.text
     cases = [
         dataclasses.replace(greedy, stop=[text[len(text) // 2 : len(text) // 2 + 3]]),
         dataclasses.replace(greedy, stop_token_ids=[full.token_ids[13]]),
         dataclasses.replace(greedy, max_tokens=11),
     ]
-    plain = _run(LLM(path, kv_cache_bytes=16 * MiB), [prompt] * 3, cases)
+    plain = _run(LLM(path, kv_cache_bytes=16 * MiB, dtype="float32"), [prompt] * 3, cases)
     # Never spoiled: every draft is accepted whole, so each stop falls inside one.
     oracle = Oracle({tuple(prompt): full.token_ids}, num_tokens=6, spoil=10**9)
     drafted = _run(
-        LLM(path, kv_cache_bytes=16 * MiB, speculative="ngram"), [prompt] * 3, cases, oracle
+        LLM(path, kv_cache_bytes=16 * MiB, speculative="ngram", dtype="float32"),
+        [prompt] * 3,
+        cases,
+        oracle,
     )
     for got, want in zip(drafted, plain, strict=True):
         assert (got.token_ids, got.text) == (want.token_ids, want.text)
@@ -172,16 +175,24 @@ def test_no_drafts_while_more_sequences_run_than_the_limit(tiny_dir, corpus_ids)
     path = str(tiny_dir("llama"))
     prompts = [corpus_ids[i : i + 20] for i in range(0, 60, 20)]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    plain = _run(LLM(path, kv_cache_bytes=16 * MiB), prompts, params)
+    plain = _run(LLM(path, kv_cache_bytes=16 * MiB, dtype="float32"), prompts, params)
     oracle = Oracle({tuple(p): o.token_ids for p, o in zip(prompts, plain, strict=True)})
     llm = LLM(
-        path, kv_cache_bytes=16 * MiB, speculative="ngram", speculative_disable_by_batch_size=2
+        path,
+        kv_cache_bytes=16 * MiB,
+        speculative="ngram",
+        speculative_disable_by_batch_size=2,
+        dtype="float32",
     )
     assert [o.token_ids for o in _run(llm, prompts, params, oracle)] == [o.token_ids for o in plain]
     assert llm.engine.stats().speculation.drafts == 0
     # The same with room for three: drafts.
     llm = LLM(
-        path, kv_cache_bytes=16 * MiB, speculative="ngram", speculative_disable_by_batch_size=3
+        path,
+        kv_cache_bytes=16 * MiB,
+        speculative="ngram",
+        speculative_disable_by_batch_size=3,
+        dtype="float32",
     )
     assert [o.token_ids for o in _run(llm, prompts, params, oracle)] == [o.token_ids for o in plain]
     assert llm.engine.stats().speculation.drafts > 0
@@ -206,9 +217,9 @@ def test_an_adapters_output_is_the_same_with_drafts(tiny_dir, corpus_ids, tmp_pa
         assert llm.engine.stats().kv_cache_usage == 0.0
         return [o.outputs[0].token_ids for o in outputs]
 
-    plain = run(LLM(str(path), **args))
+    plain = run(LLM(str(path), **args, dtype="float32"))
     oracle = Oracle({tuple(p): t for p, t in zip(prompts, plain, strict=True)})
-    llm = LLM(str(path), speculative="ngram", **args)
+    llm = LLM(str(path), speculative="ngram", **args, dtype="float32")
     assert run(llm, oracle) == plain
     assert llm.engine.stats().speculation.accepted_tokens > 0
 
@@ -218,7 +229,13 @@ def test_two_tensor_parallel_ranks_with_drafts_match_hf(tiny_dir, corpus_ids, hf
     path = tiny_dir("llama")
     prompts = [corpus_ids[i : i + 30] for i in range(0, 90, 30)]
     expected = [hf_greedy(path, p, 12) for p in prompts]
-    llm = LLM(str(path), tensor_parallel_size=2, kv_cache_bytes=4 * MiB, speculative="ngram")
+    llm = LLM(
+        str(path),
+        tensor_parallel_size=2,
+        kv_cache_bytes=4 * MiB,
+        speculative="ngram",
+        dtype="float32",
+    )
     try:
         llm.engine.scheduler.proposer = Oracle(
             {tuple(p): t for p, t in zip(prompts, expected, strict=True)}
@@ -238,8 +255,10 @@ def test_blocks_filled_by_accepted_drafts_serve_a_later_prompt_from_the_prefix_c
     path = str(tiny_dir("llama"))
     prompt = corpus_ids[:21]
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    answer = _run(LLM(path, kv_cache_bytes=16 * MiB), [prompt], params)[0].token_ids
-    llm = LLM(path, kv_cache_bytes=16 * MiB, speculative="ngram")
+    answer = _run(LLM(path, kv_cache_bytes=16 * MiB, dtype="float32"), [prompt], params)[
+        0
+    ].token_ids
+    llm = LLM(path, kv_cache_bytes=16 * MiB, speculative="ngram", dtype="float32")
     oracle = Oracle({tuple(prompt): answer}, spoil=10**9)
     assert _run(llm, [prompt], params, oracle)[0].token_ids == answer
     assert llm.engine.stats().speculation.accepted_tokens > 16  # drafts crossed blocks

@@ -38,7 +38,7 @@ def ids(llm) -> list[int]:
 
 @pytest.fixture(scope="module")
 def llm(small_vocab_dir) -> LLM:
-    return LLM(str(small_vocab_dir("llama")), kv_cache_bytes=16 * MiB)
+    return LLM(str(small_vocab_dir("llama")), kv_cache_bytes=16 * MiB, dtype="float32")
 
 
 def test_json_schema_samples_validate(llm, ids):
@@ -101,11 +101,15 @@ def test_preemption_and_chunked_prefill_change_no_constrained_token(small_vocab_
         )
         for s in schemas
     ]
-    roomy = LLM(path, kv_cache_bytes=16 * MiB)
+    roomy = LLM(path, kv_cache_bytes=16 * MiB, dtype="float32")
     expected = [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
     # Room for about 300 tokens of 12 x ~85: sequences preempt each other; 24-token chunks.
     cramped = LLM(
-        path, kv_cache_bytes=_bytes_for(path, 320), max_model_len=256, max_num_batched_tokens=24
+        path,
+        kv_cache_bytes=_bytes_for(path, 320),
+        max_model_len=256,
+        max_num_batched_tokens=24,
+        dtype="float32",
     )
     fresh = [
         dataclasses.replace(p, structured_outputs=StructuredOutputsParams(json=s))
