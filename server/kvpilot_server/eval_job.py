@@ -85,8 +85,8 @@ def run_job(job: Job) -> dict:
         # Before the quality passes: their full-vocabulary logits are not serving memory. The
         # peak includes loading (weights are read in the model dtype, then quantized); the
         # resident figure is what serving holds.
+        result["rss_mib"] = _resident_mib()  # first: the peak read after it includes it
         result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-        result["rss_mib"] = _resident_mib()
     # Quality passes prefill in small chunks, so every chunk after a window's first attends to
     # its context through the KV cache, as decoding does; one fresh chunk per window would
     # attend to its own unquantized keys and hide what a cache precision costs. Few enough
