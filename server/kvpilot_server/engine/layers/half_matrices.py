@@ -33,17 +33,43 @@ def amx_capable() -> bool:
     return bool(probe and probe())
 
 
+def _packed(weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight in oneDNN's own blocked layout for this CPU (AMX tiles where it has them),
+    made once at load: a plain bfloat16 product reorders its weight on every call, which costs
+    more than the product itself at decode batch sizes. None where oneDNN cannot pack it (no
+    mkldnn build, a CPU without bfloat16 support): the plain product serves."""
+    pack = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+    if pack is None or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        # The row count is a hint for the layout, not a limit: any batch reads the same one.
+        return pack(weight, PACK_ROWS_HINT)
+    except RuntimeError:
+        return None
+
+
+PACK_ROWS_HINT = 32  # a decode batch's order of size
+
+
 class HalfLinear(Direct):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.out_features, self.in_features = linear.weight.shape
-        self.register_buffer("weight", linear.weight.detach().to(MATRIX_DTYPE))
+        weight = linear.weight.detach().to(MATRIX_DTYPE)
+        packed = _packed(weight)
+        self.packed = packed is not None
+        self.register_buffer("weight", weight if packed is None else packed)
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = self._buffers  # nn.Module's attribute lookup costs ~0.5 us a name
-        out = F.linear(x.to(MATRIX_DTYPE), b["weight"]).float()
+        if self.packed:
+            out = torch.ops.mkldnn._linear_pointwise(
+                x.to(MATRIX_DTYPE), b["weight"], None, "none", [], ""
+            ).float()
+        else:
+            out = F.linear(x.to(MATRIX_DTYPE), b["weight"]).float()
         return out if b["bias"] is None else out.add_(b["bias"])
 
 
