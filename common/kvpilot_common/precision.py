@@ -69,7 +69,9 @@ SIZED_DTYPES = tuple(name for name, dtype in DTYPES.items() if dtype.bytes)
 
 def resolve_dtype(name: str, gpu: bool, amx: bool = False) -> str:
     """The dtype a model runs in: `name`, or for auto the device's. Sizing that knows no CPU (the
-    operator's fit check) leaves `amx` False: a CPU model's float32 bytes are the larger count."""
+    operator's fit check) leaves `amx` False and counts float32: the larger count unless a tied
+    lm_head's own bfloat16 copy outweighs the decoder's saving (a large vocabulary on a small
+    model)."""
     if name != "auto":
         return name
     if gpu:

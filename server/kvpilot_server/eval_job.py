@@ -74,7 +74,12 @@ def run_job(job: Job) -> dict:
         raise SystemExit(f"the text has {len(ids)} tokens; this evaluation needs {needed}")
     prompts = [ids[job.tokens + i * PROMPT_TOKENS :][:PROMPT_TOKENS] for i in range(SPEED_BATCH)]
     model = llm.engine.model
-    tensors = {t.data_ptr(): t.nbytes for t in [*model.parameters(), *model.buffers()]}
+    # Tied weights counted once; a packed bfloat16 weight (layers/half_matrices.py) has no
+    # storage to point at, and is its own.
+    tensors = {
+        id(t) if t.is_mkldnn else t.data_ptr(): t.numel() * t.element_size()
+        for t in [*model.parameters(), *model.buffers()]
+    }
     result: dict = {
         "dtype": dtype_name(job.dtype, device),  # what auto meant here
         "weight_mib": round(sum(tensors.values()) / 2**20, 1),

@@ -70,7 +70,7 @@ class Workers:
         size: int,
         path: Path,
         device: torch.device,
-        dtype: torch.dtype,
+        dtype: str,  # resolved (model_setup.dtype_name): every rank builds the same matrices
     ) -> None:
         port = _free_port()
         self.stopping = False
@@ -85,7 +85,7 @@ class Workers:
                 config,
                 model=str(path),  # resolved once, here: ranks never download or convert
                 device=str(rank_device(device, rank)),
-                dtype=str(dtype).removeprefix("torch."),
+                dtype=dtype,
                 tensor_parallel_size=size,
             )
             command = [sys.executable, "-m", WORKER_MODULE, str(rank), str(port)]

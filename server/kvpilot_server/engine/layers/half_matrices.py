@@ -12,6 +12,8 @@ and float32 on one without (precision.resolve_dtype); float32 is the dtype whose
 equals Hugging Face's.
 """
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,6 +22,7 @@ from kvpilot_server.engine.layers.direct import Direct
 from kvpilot_server.engine.layers.quant import decoder_linears
 
 MATRIX_DTYPE = torch.bfloat16
+log = logging.getLogger(__name__)
 
 
 def applies(dtype: str, device: torch.device) -> bool:
@@ -76,8 +79,14 @@ class HalfLinear(Direct):
 def convert(model: nn.Module) -> None:
     """Give every decoder linear and the lm_head that are still float (not quantized) bfloat16
     weights, in place. A tied lm_head gets its own bfloat16 copy; the embeddings stay float32."""
-    linears = [*decoder_linears(model), (model, "lm_head")]
+    linears = [*decoder_linears(model)]
+    if not model.cfg.base_model:  # an embedding checkpoint's head is its embeddings, never used
+        linears.append((model, "lm_head"))
+    halves = []
     for owner, name in linears:
         module = getattr(owner, name)
         if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32:
-            setattr(owner, name, HalfLinear(module))
+            halves.append(HalfLinear(module))
+            setattr(owner, name, halves[-1])
+    packed = sum(h.packed for h in halves)
+    log.info("bfloat16 matrices: %d linear layers, %d packed for this CPU", len(halves), packed)

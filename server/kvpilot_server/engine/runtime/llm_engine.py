@@ -85,10 +85,11 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        name = dtype_name(config.dtype, self.device)
-        if str(self.dtype) != f"torch.{name}":  # bfloat16 on CPU: layers/half_matrices.py
-            name += " matrices; float32 activations and KV cache"
-        log.info("dtype %s: %s", config.dtype, name)
+        self.dtype_name = dtype_name(config.dtype, self.device)  # auto resolved; ranks get it
+        meaning = self.dtype_name
+        if str(self.dtype) != f"torch.{meaning}":  # bfloat16 on CPU: layers/half_matrices.py
+            meaning += " matrices; float32 activations and KV cache"
+        log.info("dtype %s: %s", config.dtype, meaning)
         path = self.model_path = resolve_model(config.model)
         size = tensor_parallel_size(config, self.device)
         # Checked before any worker starts: a size that cannot split the model is a config error.
@@ -98,7 +99,9 @@ class LLMEngine:
         self.task, self.pooling = pooling.resolve(path, config.task, hf.to_dict())
         if self.pooling is not None:  # a cached block's hidden states are never computed
             config.enable_prefix_caching = False
-        self.workers = Workers(config, size, path, self.device, self.dtype) if size > 1 else None
+        self.workers = (
+            Workers(config, size, path, self.device, self.dtype_name) if size > 1 else None
+        )
         try:
             self._build(config, path)
         except BaseException:

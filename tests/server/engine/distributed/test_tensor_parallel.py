@@ -106,3 +106,16 @@ def test_int8_at_two_ranks_agrees_with_one(name, tiny_dir, corpus_ids, open_engi
 def test_a_size_that_does_not_divide_the_heads_is_refused_before_any_worker(tiny_dir):
     with pytest.raises(ConfigError, match="does not divide the model's 4 attention heads"):
         LLM(str(tiny_dir("llama")), tensor_parallel_size=3, dtype="float32")
+
+
+def test_every_rank_builds_the_matrices_rank_0_does(tiny_dir, open_engines, capfd):
+    """dtype bfloat16 on CPU is float32 activations with bfloat16 matrices: the ranks are told
+    the dtype by its name, not by the float32 tensors rank 0 keeps, so rank 1's partial sums
+    come from bfloat16 products too (each rank logs what it converted, to the shared stderr)."""
+    llm = LLM(
+        str(tiny_dir("llama")), tensor_parallel_size=2, kv_cache_bytes=4 * MiB, dtype="bfloat16"
+    )
+    open_engines.append(llm)
+    llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0))  # both ranks built
+    err = capfd.readouterr().err
+    assert any("rank 1" in line and "bfloat16 matrices" in line for line in err.splitlines())
