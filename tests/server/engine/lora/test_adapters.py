@@ -45,12 +45,17 @@ def _tokens(output) -> list[int]:
     return output.outputs[0].token_ids
 
 
+def _lora_llm(path, **settings) -> LLM:
+    """The tiny model with LoRA slots of rank 8, in float32: the adapters are held to Hugging
+    Face's model with them merged."""
+    base = {"kv_cache_bytes": 16 * MiB, "enable_lora": True, "max_lora_rank": 8}
+    return LLM(str(path), **base, dtype="float32", **settings)
+
+
 @pytest.mark.parametrize("model", ["llama", "qwen3", "phi3"])
 def test_each_adapter_equals_hugging_face_with_it_merged(model, tiny_dir, adapters, hf_greedy):
     base = tiny_dir(model)
-    llm = LLM(
-        str(base), kv_cache_bytes=16 * MiB, enable_lora=True, max_lora_rank=8, dtype="float32"
-    )
+    llm = _lora_llm(base)
     base_tokens = _tokens(llm.generate([PROMPT], GREEDY)[0])
     assert base_tokens == hf_greedy(base, PROMPT, TOKENS)
     for name in SPECS:
@@ -67,14 +72,10 @@ def test_a_batch_mixing_the_base_and_three_adapters_equals_each_alone(tiny_dir, 
     requests = [None] + [LoRARequest(n, 0, str(adapters("llama", n))) for n in SPECS]
     alone = []
     for request in requests:
-        llm = LLM(
-            str(base), kv_cache_bytes=16 * MiB, enable_lora=True, max_lora_rank=8, dtype="float32"
-        )
+        llm = _lora_llm(base)
         alone.append(_tokens(llm.generate([PROMPT], GREEDY, lora_request=request)[0]))
     assert len({tuple(t) for t in alone}) == len(alone), "the adapters must differ to tell"
-    mixed = LLM(
-        str(base), kv_cache_bytes=16 * MiB, enable_lora=True, max_lora_rank=8, dtype="float32"
-    )
+    mixed = _lora_llm(base)
     # Two of each, in an interleaved order, one step for all of them.
     order = requests * 2
     outputs = mixed.generate([PROMPT] * len(order), GREEDY, lora_request=order)
@@ -85,14 +86,7 @@ def test_more_adapters_than_slots_take_turns_and_stay_exact(tiny_dir, adapters):
     """Three adapters, one slot: each waits for the slot and is installed over the last."""
     base = tiny_dir("llama")
     requests = [LoRARequest(n, 0, str(adapters("llama", n))) for n in SPECS]
-    llm = LLM(
-        str(base),
-        kv_cache_bytes=16 * MiB,
-        enable_lora=True,
-        max_lora_rank=8,
-        max_loras=1,
-        dtype="float32",
-    )
+    llm = _lora_llm(base, max_loras=1)
     outputs = llm.generate([PROMPT] * 3, GREEDY, lora_request=requests)
     for request, output in zip(requests, outputs, strict=True):
         assert _tokens(output) == list(_merged_greedy(base, Path(request.lora_path)))
@@ -101,9 +95,7 @@ def test_more_adapters_than_slots_take_turns_and_stay_exact(tiny_dir, adapters):
 
 def test_the_prefix_cache_never_serves_one_adapters_blocks_to_another(tiny_dir, adapters):
     base = tiny_dir("llama")
-    llm = LLM(
-        str(base), kv_cache_bytes=16 * MiB, enable_lora=True, max_lora_rank=8, dtype="float32"
-    )
+    llm = _lora_llm(base)
     prompt = PROMPT * 8  # several full blocks
     one = LoRARequest("attn-r4", 0, str(adapters("llama", "attn-r4")))
     two = LoRARequest("mlp-r8", 0, str(adapters("llama", "mlp-r8")))
@@ -114,9 +106,7 @@ def test_the_prefix_cache_never_serves_one_adapters_blocks_to_another(tiny_dir, 
     other = llm.generate([prompt], GREEDY, lora_request=two)[0]
     plain = llm.generate([prompt], GREEDY)[0]
     assert other.num_cached_tokens == 0 and plain.num_cached_tokens == 0
-    fresh = LLM(
-        str(base), kv_cache_bytes=16 * MiB, enable_lora=True, max_lora_rank=8, dtype="float32"
-    )
+    fresh = _lora_llm(base)
     assert _tokens(other) == _tokens(fresh.generate([prompt], GREEDY, lora_request=two)[0])
 
 
@@ -126,14 +116,7 @@ def test_an_adapter_on_int4_weights_stays_float_and_applies(tiny_dir, adapters):
     has the same shape: two sequences."""
     base = tiny_dir("llama")
     request = LoRARequest("all-r2", 0, str(adapters("llama", "all-r2")))
-    llm = LLM(
-        str(base),
-        kv_cache_bytes=16 * MiB,
-        quantization="int4",
-        enable_lora=True,
-        max_lora_rank=8,
-        dtype="float32",
-    )
+    llm = _lora_llm(base, quantization="int4")
     plain = [_tokens(o) for o in llm.generate([PROMPT] * 2, GREEDY)]
     with_adapter = [_tokens(o) for o in llm.generate([PROMPT] * 2, GREEDY, lora_request=request)]
     assert plain[0] == plain[1] and with_adapter[0] == with_adapter[1]
@@ -189,13 +172,7 @@ def test_an_adapter_above_the_rank_limit_or_for_another_model_is_refused(tiny_di
 
 
 def test_unloading_lets_running_requests_finish_and_refuses_new_ones(tiny_dir, adapters):
-    llm = LLM(
-        str(tiny_dir("llama")),
-        kv_cache_bytes=16 * MiB,
-        enable_lora=True,
-        max_lora_rank=8,
-        dtype="float32",
-    )
+    llm = _lora_llm(tiny_dir("llama"))
     engine = llm.engine
     engine.add_adapter(engine.read_adapter("attn-r4", str(adapters("llama", "attn-r4"))))
     engine.add_request("a", PROMPT, GREEDY, lora="attn-r4")
@@ -218,15 +195,8 @@ def test_two_ranks_serve_adapters_as_hugging_face_merges_them(model, tiny_dir, a
     on fused projections, cut into parts, then sharded."""
     base = tiny_dir(model)
     requests = [None] + [LoRARequest(n, 0, str(adapters(model, n))) for n in SPECS]
-    llm = LLM(
-        str(base),
-        kv_cache_bytes=16 * MiB,
-        tensor_parallel_size=2,
-        enable_lora=True,
-        max_lora_rank=8,
-        max_loras=2,  # three adapters, two slots: the worker installs over an earlier one
-        dtype="float32",
-    )
+    # Three adapters, two slots: the worker installs over an earlier one.
+    llm = _lora_llm(base, tensor_parallel_size=2, max_loras=2)
     try:
         outputs = llm.generate([PROMPT] * 4, GREEDY, lora_request=requests)
     finally:
@@ -243,14 +213,7 @@ def test_the_memory_model_counts_the_slots_the_engine_allocates(tiny_dir):
     from kvpilot_common.memory_model import lora_slot_bytes, shape_from_config
 
     base = tiny_dir("llama")
-    llm = LLM(
-        str(base),
-        kv_cache_bytes=16 * MiB,
-        enable_lora=True,
-        max_loras=3,
-        max_lora_rank=8,
-        dtype="float32",
-    )
+    llm = _lora_llm(base, max_loras=3)
     _, wrapped = llm.engine.model.lora
     allocated = sum(w.a.nbytes + w.b.nbytes for _, w in wrapped)
     shape = shape_from_config(json.loads((base / "config.json").read_text()))
