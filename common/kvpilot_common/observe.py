@@ -1,10 +1,13 @@
 """From scraped /metrics texts to what the autoscaler decides on. Pure: no I/O, no clock.
 
 Each pod's samples are kept for the window (plus the one just before it, the baseline). Over the
-window: the average interactive queue per replica, and the p95 of a latency histogram from the
+window: the average interactive queue per replica, the p95 of a latency histogram from the
 bucket increases summed over pods, interpolated within buckets as Prometheus'
-histogram_quantile does. A pod whose counters went down restarted: its increase is what it has
-counted since. Pods that come and go simply contribute while they have samples.
+histogram_quantile does, and the arrivals per second: what the histogram counted plus what the
+queue grew by (a request that arrived and still waits is demand too), over the window and over
+a short recent span (the autoscaler's panic window). A pod whose counters went down restarted:
+its increase is what it has counted since. Pods that come and go simply contribute while they
+have samples.
 """
 
 import math
@@ -100,12 +103,31 @@ class Observation:
     queue_per_replica: float
     p95_seconds: float | None  # None: no request finished in the window
     finished: float  # requests finished in the window, all pods
+    arrivals: float = 0.0  # requests arriving per second over the window, all pods
+    recent_arrivals: float = 0.0  # the same over the recent span
 
 
-def observe(window: Window, now: float) -> Observation | None:
-    """None when no pod has two samples yet: the autoscaler then holds."""
+def _arrival_rate(first: Sample, last: Sample) -> float:
+    """Requests per second that reached the pod between two samples: counted by the histogram
+    (its +Inf bucket) or still waiting in a queue that grew."""
+    if last.time <= first.time:
+        return 0.0
+    counted = max(_increase(first, last).values(), default=0.0)
+    return max(counted + last.waiting - first.waiting, 0.0) / (last.time - first.time)
+
+
+def _since(samples: list[Sample], start: float) -> Sample:
+    """The newest sample at or before `start` (the oldest kept if none is that old), never the
+    last one itself while there are two."""
+    earlier = [s for s in samples[:-1] if s.time <= start]
+    return earlier[-1] if earlier else samples[0]
+
+
+def observe(window: Window, now: float, recent_seconds: float = 0.0) -> Observation | None:
+    """None when no pod has two samples yet: the autoscaler then holds. `recent_seconds`: the
+    span of recent_arrivals (at least the last two samples')."""
     increases: dict[float, float] = {}
-    queues, pods = [], 0
+    queues, pods, arrivals, recent_arrivals = [], 0, 0.0, 0.0
     for samples in window.pods.values():
         recent = [s for s in samples if s.time >= now - window.seconds] or samples[-1:]
         queues.append(sum(s.waiting for s in recent) / len(recent))
@@ -114,8 +136,10 @@ def observe(window: Window, now: float) -> Observation | None:
         pods += 1
         for le, count in _increase(samples[0], samples[-1]).items():
             increases[le] = increases.get(le, 0.0) + count
+        arrivals += _arrival_rate(samples[0], samples[-1])
+        recent_arrivals += _arrival_rate(_since(samples, now - recent_seconds), samples[-1])
     if pods == 0:
         return None
     finished = max(increases.values(), default=0.0)
     p95 = histogram_quantile(0.95, increases.items()) if finished > 0 else None
-    return Observation(pods, sum(queues) / len(queues), p95, finished)
+    return Observation(pods, sum(queues) / len(queues), p95, finished, arrivals, recent_arrivals)

@@ -4,8 +4,10 @@ observe() over the window, decide(), and write the result: replicas through the 
 subresource, status.autoscaling, an Event for every scale, the operator's metrics (dropped
 again when the daemon stops).
 
-What stabilization needs (recent recommendations, last decisions) lives in status.autoscaling,
-so an operator restart continues where it left off instead of scaling on a fresh memory.
+What stabilization needs (recent recommendations, last decisions) and what decide() learns
+(the arrivals' recent samples, a replica's capacity, a burst's panic, the pods' observed
+start-up time) live in status.autoscaling, so an operator restart continues where it left off
+instead of scaling on a fresh memory.
 
 Requests held at the gateways come from the object's own annotations (kvpilot_common.demand):
 read every step, they are also how a missed wake (wake.py) still happens within an interval.
@@ -26,6 +28,7 @@ from kvpilot_common.observe import Window, observe, parse
 from kvpilot_operator import children, crd, metrics
 from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster, namespaced
 from kvpilot_operator.decide import HELD, Decision, Inputs, decide, queue_depth
+from kvpilot_operator.forecast import Memory
 from kvpilot_operator.spec import Spec
 from kvpilot_operator.status import timestamp
 
@@ -96,8 +99,10 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
             window.add(pod, parse(text, now, scaling.latency_metric))
     window.keep_only(p for p, t in texts.items() if t is not None)
     failures = sum(1 for t in texts.values() if t is None)
-    observed = observe(window, now)
+    observed = observe(window, now, max(scaling.panic.window_seconds, scaling.interval_seconds))
     wanted = demand.read(meta.get("annotations"), now)
+    state = md.get("status", {}).get("autoscaling", {})
+    startup = _startup(ready, state)
     inputs = Inputs(
         current=spec.replicas,
         starting=len(pods) - len(ready),
@@ -108,10 +113,14 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
         finished=observed.finished if observed else 0.0,
         held=wanted.held,
         last_demand=wanted.last,
+        arrivals=observed.arrivals if observed else None,
+        recent_arrivals=observed.recent_arrivals if observed else None,
+        # Until a pod of this model has been seen to start, the startup probe's budget.
+        startup_seconds=startup or spec.probes.startup_timeout_seconds,
     )
-    state = md.get("status", {}).get("autoscaling", {})
     history = [(float(t), int(r)) for t, r in state.get("recommendations", [])]
-    decision = decide(inputs, scaling, history, now)
+    decision = decide(inputs, scaling, history, now, Memory.from_status(state))
+    state = {**state, "startupSeconds": startup}
     await asyncio.to_thread(_write, md, inputs, decision, state, now, len(pods), len(ready))
     labels = (namespace, name)
     metrics.scrape_failures.labels(*labels).inc(failures)
@@ -122,6 +131,13 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
     if inputs.p95_ms is not None:
         metrics.p95.labels(*labels).set(inputs.p95_ms / 1000)
     return decision
+
+
+def _startup(ready: list[dict], state: dict) -> float | None:
+    """This model's pods' start-up time: the quickest ready pod's start to Ready (a pod whose
+    readiness came back later reports the later turn), else what status kept from before."""
+    seen = [s for s in (children.startup_seconds(p) for p in ready) if s is not None]
+    return round(min(seen), 1) if seen else state.get("startupSeconds")
 
 
 def record(
@@ -140,6 +156,7 @@ def record(
         "queueDepth": None if queue is None else round(queue, 2),
         "heldRequests": inputs.held,
         "p95Milliseconds": None if inputs.p95_ms is None else round(inputs.p95_ms),
+        "arrivalsPerSecond": None if inputs.arrivals is None else round(inputs.arrivals, 3),
     }
     result: dict[str, Any] = {
         "observed": observed,
@@ -148,6 +165,8 @@ def record(
         "reason": decision.reason,
         "limited": decision.limited,
         "decisions": list(state.get("decisions", [])),
+        "startupSeconds": state.get("startupSeconds"),
+        **decision.memory.to_status(),
     }
     if "lastScaleTime" in state:
         result["lastScaleTime"] = state["lastScaleTime"]
@@ -165,7 +184,8 @@ def cause(reason: str) -> str:
     if HELD in reason:
         return "Demand"
     driver = reason.split(" ", 1)[0]
-    return {"queue": "QueueDepth", "p95": "Latency", "no": "Idle"}.get(driver, "Other")
+    causes = {"queue": "QueueDepth", "p95": "Latency", "no": "Idle", "arrivals": "Arrivals"}
+    return causes.get(driver, "Burst" if driver == "burst:" else "Other")
 
 
 def scale(md: dict, before: int, decision: Decision) -> None:

@@ -15,8 +15,10 @@ not go idle: its first requests have not reached its metrics yet.
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from kvpilot_operator import sizing
+from kvpilot_operator.forecast import Memory
 from kvpilot_operator.spec import Autoscaling
 
 Recommendation = tuple[float, int]  # (time, replicas)
@@ -34,6 +36,9 @@ class Inputs:
     finished: float  # requests finished in the window
     held: int = 0  # requests held at the gateways, waiting for a replica
     last_demand: float | None = None  # when a gateway last reported; None: never
+    arrivals: float | None = None  # requests/s arriving over the window, all scraped pods
+    recent_arrivals: float | None = None  # the same over the short (panic) window
+    startup_seconds: float | None = None  # a new pod's start to Ready, as this model's took
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class Decision:
     reason: str
     limited: bool  # clamped to minReplicas/maxReplicas
     history: list[Recommendation]  # to keep (on the object) for the next decision
+    memory: Memory = field(default_factory=Memory)  # the rest to keep: arrivals, capacity...
 
 
 def _metric_name(scaling: Autoscaling) -> str:
@@ -77,20 +83,11 @@ def queue_depth(inputs: Inputs) -> float | None:
     return (inputs.queue_per_replica or 0.0) + inputs.held / max(inputs.pods_scraped, 1)
 
 
-def _raw(inputs: Inputs, scaling: Autoscaling, now: float) -> tuple[int, str]:
-    """The unstabilized recommendation and what drives it."""
-    # Scale from the pods that produced the metrics: replicas still starting add nothing yet.
-    current, window = max(inputs.pods_scraped, 1), scaling.window_seconds
+def _ratio(inputs: Inputs, scaling: Autoscaling) -> tuple[float, str] | None:
+    """The worse of queue and latency over their targets, and its words; None: neither is
+    measured or targeted."""
     queue_target, p95_target = scaling.target_queue_depth, scaling.target_latency_p95_milliseconds
     queue = queue_depth(inputs)
-    wanted = inputs.held > 0 or (
-        inputs.last_demand is not None and now - inputs.last_demand <= window
-    )
-    idle = inputs.finished == 0 and not queue
-    if idle and wanted:
-        return inputs.current, f"no traffic over {window}s yet, but requests waited at the gateway"
-    if idle:
-        return scaling.min_replicas, f"no traffic over {window}s"
     ratios: list[tuple[float, str]] = []
     if queue_target and queue is not None:
         q = queue
@@ -99,26 +96,50 @@ def _raw(inputs: Inputs, scaling: Autoscaling, now: float) -> tuple[int, str]:
         p = inputs.p95_ms
         name = _metric_name(scaling)
         ratios.append((p / p95_target, f"{name} {p / 1000:.2f}s vs target {p95_target / 1000:g}s"))
-    if not ratios:
-        return inputs.current, "no usable metric"
-    ratio, what = max(ratios)
+    return max(ratios) if ratios else None
+
+
+def _raw(inputs: Inputs, scaling: Autoscaling, now: float) -> tuple[int, str, float | None]:
+    """The unstabilized recommendation from ratios, what drives it, and the ratio (None: idle,
+    or nothing to scale on)."""
+    # Scale from the pods that produced the metrics: replicas still starting add nothing yet.
+    current, window = max(inputs.pods_scraped, 1), scaling.window_seconds
+    wanted = inputs.held > 0 or (
+        inputs.last_demand is not None and now - inputs.last_demand <= window
+    )
+    idle = inputs.finished == 0 and not queue_depth(inputs)
+    if idle and wanted:
+        why = f"no traffic over {window}s yet, but requests waited at the gateway"
+        return inputs.current, why, None
+    if idle:
+        return scaling.min_replicas, f"no traffic over {window}s", None
+    measured = _ratio(inputs, scaling)
+    if measured is None:
+        return inputs.current, "no usable metric", None
+    ratio, what = measured
     # Targets are ceilings: hold in the band one to two tolerances below them. Latency climbs
     # faster than load near a target and new replicas take a while to load, so a controller
     # that waits for the target itself spends every rise above it (measured in the simulation
     # test: 80% of windows within target that way, 95% with the band).
     tolerance = scaling.tolerance_percent / 100
     if 1 - 2 * tolerance < ratio <= 1 - tolerance:
-        return inputs.current, f"{what} over {window}s, within the target band"
+        return inputs.current, f"{what} over {window}s, within the target band", ratio
     # Up: aim at the band's top. Down: aim at its floor, since removing a replica raises the
     # others' load by more than a linear model predicts (a third, going from 4 to 3).
     aim = 1 - tolerance if ratio > 1 - tolerance else 1 - 2 * tolerance
     # A model wanted at the gateway keeps a replica, whatever its ratios say.
-    return max(math.ceil(current * ratio / aim), 1 if wanted else 0), f"{what} over {window}s"
+    raw = max(math.ceil(current * ratio / aim), 1 if wanted else 0)
+    return raw, f"{what} over {window}s", ratio
 
 
 def decide(
-    inputs: Inputs, scaling: Autoscaling, history: list[Recommendation], now: float
+    inputs: Inputs,
+    scaling: Autoscaling,
+    history: list[Recommendation],
+    now: float,
+    memory: Memory | None = None,
 ) -> Decision:
+    memory = memory or Memory()
     current = inputs.current
     lo, hi = scaling.min_replicas, scaling.max_replicas
     up, down = scaling.scale_up, scaling.scale_down
@@ -126,17 +147,27 @@ def decide(
     history = [(t, r) for t, r in history if now - t <= keep]
     woken = wake(current, inputs.held, scaling)
     if woken is not None:  # the gateway's event handler missed it (or has not run yet)
-        return replace(woken, history=[*history, (now, woken.recommendation)])
+        return replace(woken, history=[*history, (now, woken.recommendation)], memory=memory)
     if inputs.pods_scraped == 0:
         failed = inputs.scrape_failures
         why = f"no metrics ({failed} scrapes failed)" if failed else "collecting metrics"
         reason = f"{why}: holding at {current}"
         target = min(max(current, lo), hi)
-        return Decision(target, current, reason, target != current, history)
-    raw, why = _raw(inputs, scaling, now)
+        return Decision(target, current, reason, target != current, history, memory)
+    raw, why, ratio = _raw(inputs, scaling, now)
+    sized = None if ratio is None else sizing.size(inputs, scaling, memory, ratio, now)
+    if sized is not None:
+        memory = sized.memory
+    if sized is not None and sized.replicas is not None:
+        # From demand: what the pods on their way will do is already counted in `current`.
+        raw, why = sized.replicas, sized.reason
+    else:
+        sized = None
     history = [*history, (now, raw)]
     target, hold = current, "holding"
-    if raw > current and inputs.starting:
+    if sized is not None and sized.panic:
+        target = min(raw, current + up.max_step_replicas)
+    elif raw > current and inputs.starting and sized is None:
         # What the pods on their way will do is not visible yet; asking for more now is how
         # autoscalers overshoot a burst (each interval multiplies the same stale latency).
         hold = f"holding while {inputs.starting} new pods load"
@@ -162,4 +193,6 @@ def decide(
     )
     if clamped != target:
         reason += f" (limited to {lo}..{hi})"
-    return Decision(clamped, raw, reason, clamped != target, history)
+    if clamped != current:
+        memory = replace(memory, changed_at=now)
+    return Decision(clamped, raw, reason, clamped != target, history, memory)

@@ -140,6 +140,12 @@ class ScalingPolicy:
 
 
 @dataclass(frozen=True)
+class Panic:
+    threshold_percent: int  # short-window arrivals, in percent of the window's, that start one
+    window_seconds: int  # the short window
+
+
+@dataclass(frozen=True)
 class Autoscaling:
     enabled: bool
     min_replicas: int
@@ -150,6 +156,8 @@ class Autoscaling:
     tolerance_percent: int
     scale_up: ScalingPolicy
     scale_down: ScalingPolicy
+    project_arrivals: bool
+    panic: Panic
     target_queue_depth: int | None = None
     target_latency_p95_milliseconds: int | None = None
 
@@ -165,6 +173,8 @@ class Autoscaling:
             tolerance_percent=scaling["tolerancePercent"],
             scale_up=ScalingPolicy.of(scaling["scaleUp"]),
             scale_down=ScalingPolicy.of(scaling["scaleDown"]),
+            project_arrivals=scaling["projectArrivals"],
+            panic=Panic(scaling["panic"]["thresholdPercent"], scaling["panic"]["windowSeconds"]),
             target_queue_depth=scaling.get("targetQueueDepth"),
             target_latency_p95_milliseconds=scaling.get("targetLatencyP95Milliseconds"),
         )

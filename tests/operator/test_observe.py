@@ -100,3 +100,23 @@ def test_window_keeps_one_baseline_before_its_start():
         window.add("p", parse(pod.text(), t, "EndToEnd"))
     times = [s.time for s in window.pods["p"]]
     assert times[0] <= 195 - 60 < times[1] and times[-1] == 195
+
+
+def test_arrivals_are_what_was_counted_plus_what_the_queue_grew_by():
+    window, pod = Window(60), FakePod()
+    queue = pod.waiting.labels("m", "interactive")
+    window.add("p", parse(pod.text(), 0, "TimeToFirstToken"))
+    for t, served, waiting in ((15, 30, 0), (30, 30, 0), (45, 60, 15)):
+        for _ in range(served):
+            pod.ttft.labels("m").observe(0.1)
+        queue.set(waiting)
+        window.add("p", parse(pod.text(), t, "TimeToFirstToken"))
+    observation = observe(window, 45, recent_seconds=15)
+    assert observation is not None
+    # 120 first tokens and 15 more waiting over 45 s; over the last 15 s, 60 and 15.
+    assert observation.arrivals == pytest.approx(135 / 45)
+    assert observation.recent_arrivals == pytest.approx(75 / 15)
+    # A queue that drains is work done, not negative arrivals: counted once, by the histogram.
+    queue.set(0)
+    window.add("p", parse(pod.text(), 60, "TimeToFirstToken"))
+    assert observe(window, 60, 15).recent_arrivals == 0.0

@@ -1,0 +1,123 @@
+"""Replicas from demand: the arrivals projected to when new pods would be ready, divided by what
+one replica serves within target (forecast.py learns both). Pure, like decide(), which calls it
+and falls back to scaling on latency and queue ratios until a capacity has been learned.
+
+Why project: a pod asked for now serves one start-up time later, so a controller that sizes for
+the load it sees is one start-up behind on every rise. The horizon is half the window (the
+window's mean describes its middle), the pods' observed start-up and one interval.
+
+Why a panic mode (Knative's KPA has one, AIBrix too): a burst shows in the short window before
+the stable window's mean moves, so demand over the short window at `threshold` times the stable
+window's scales up at once, and nothing scales down for a window after the last such sign.
+Requests held at a gateway are demand the pods have not seen: they count in the short window.
+
+Why a dead band: arrivals ripple, and a count that follows every ripple across a replica
+boundary flaps. Scaling down needs demand below the smaller count by twice the arrivals' noise
+(capped at one replica's capacity), so a ripple smaller than a replica moves nothing; scaling up
+needs no margin, since the target is what users feel.
+"""
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from kvpilot_operator import forecast
+from kvpilot_operator.forecast import Memory
+from kvpilot_operator.spec import Autoscaling
+
+if TYPE_CHECKING:  # decide.py imports this module
+    from kvpilot_operator.decide import Inputs
+
+
+@dataclass(frozen=True)
+class Sized:
+    replicas: int | None  # None: no capacity learned yet (the memory still moves on)
+    reason: str  # what drove it, in words, before the ": 2 -> 4" decide() adds
+    memory: Memory
+    panic: bool  # a burst now: scale up at once
+
+
+def trend_seconds(scaling: Autoscaling, startup: float) -> float:
+    """How far back the arrivals trend looks: a start-up and a window, at least two windows.
+    Shorter follows ripple; longer sees a ramp late."""
+    return max(2 * scaling.window_seconds, startup + scaling.window_seconds)
+
+
+def noise_seconds(scaling: Autoscaling, startup: float) -> float:
+    """How far back the arrivals' noise is measured: long enough to hold a few periods of a
+    ripple that one window's mean does not smooth away."""
+    return max(10 * scaling.window_seconds, 2 * trend_seconds(scaling, startup))
+
+
+def remember(
+    memory: Memory, arrivals: float, now: float, scaling: Autoscaling, startup: float
+) -> Memory:
+    keep = noise_seconds(scaling, startup)
+    points = [(t, r) for t, r in memory.arrivals if now - t < keep and t < now]
+    return replace(memory, arrivals=[*points, (now, arrivals)])
+
+
+def steady(inputs: "Inputs", memory: Memory, scaling: Autoscaling, now: float) -> bool:
+    """Whether the window's latency describes the replicas now serving: all of them ready and
+    scraped for a whole window since the last change, and no burst under way."""
+    settled = memory.changed_at is None or now - memory.changed_at >= scaling.window_seconds
+    calm = memory.panic_until is None or now >= memory.panic_until
+    return (
+        settled
+        and calm
+        and not inputs.starting
+        and not inputs.scrape_failures
+        and inputs.pods_scraped == inputs.current
+    )
+
+
+def size(
+    inputs: "Inputs", scaling: Autoscaling, memory: Memory, ratio: float, now: float
+) -> Sized | None:
+    """Replicas for the demand ahead (None: no arrivals measured, so nothing to size from).
+    `ratio` is the worse of latency and queue over their targets."""
+    arrivals = inputs.arrivals
+    if arrivals is None:
+        return None
+    window, interval = scaling.window_seconds, scaling.interval_seconds
+    startup = inputs.startup_seconds or 0.0
+    aim = 1 - scaling.tolerance_percent / 100
+    capacity = memory.capacity
+    if steady(inputs, memory, scaling, now):
+        capacity = forecast.learn(capacity, arrivals, inputs.pods_scraped, ratio, aim)
+    memory = replace(remember(memory, arrivals, now, scaling, startup), capacity=capacity)
+    if capacity is None or capacity <= 0:
+        return Sized(None, "", memory, False)
+    recent = [(t, r) for t, r in memory.arrivals if now - t < trend_seconds(scaling, startup)]
+    rise = forecast.slope(recent) if scaling.project_arrivals else 0.0
+    spread = forecast.noise(memory.arrivals, forecast.slope(memory.arrivals))
+    short = (inputs.recent_arrivals or 0.0) + inputs.held / interval
+    burst = short >= scaling.panic.threshold_percent / 100 * max(arrivals, 1e-9)
+    panicking = burst or (memory.panic_until is not None and now < memory.panic_until)
+    if panicking:
+        # A step, not a trend: the window's mean climbs for a window after one, and projecting
+        # that climb would size for a load that never comes.
+        rise = 0.0
+    present = max(arrivals + rise * window / 2, 0.0)
+    ahead = present + max(rise, 0.0) * (startup + interval)
+    up = forecast.replicas_for(max(ahead, short), capacity)
+    current = inputs.current
+    if burst and up > current:
+        memory = replace(memory, panic_until=now + window)
+        reason = (
+            f"burst: arrivals {short:.1f} req/s over {scaling.panic.window_seconds}s vs "
+            f"{arrivals:.1f} over {window}s; {capacity:.1f} req/s per replica"
+        )
+        return Sized(up, reason, memory, True)
+    band = min(3 * spread, capacity)
+    down = forecast.replicas_for(max(ahead, short) + band, capacity)
+    replicas = up if up > current else down if down < current else current
+    if rise > 0 and ahead > present and replicas > current:
+        reason = (
+            f"arrivals {arrivals:.1f} req/s rising {rise * 60:.1f} req/s per minute; pods take "
+            f"{startup:.0f}s to start; {capacity:.1f} req/s per replica"
+        )
+    else:
+        reason = f"arrivals {arrivals:.1f} req/s over {window}s; {capacity:.1f} req/s per replica"
+    if replicas < current and panicking:
+        return Sized(current, reason + "; a burst was seen", memory, False)
+    return Sized(replicas, reason, memory, False)
