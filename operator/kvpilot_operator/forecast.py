@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 Point = tuple[float, float]  # (time, requests per second)
 
-# Learning needs the latency ratio in a range where it still reflects load: far below the aim
-# latency is mostly service time, above 1.5 a backlog (not the rate) sets it.
-LEARN_RATIO = (0.5, 1.5)
+# Learning needs the latency ratio near the aim: the sample extrapolates linearly along a
+# latency curve that is not linear (far below the aim latency is mostly service time, far above
+# it a backlog sets it), so a sample taken far from the aim is biased.
+LEARN_AROUND_AIM = (-0.3, 0.2)
 LEARN_WEIGHT = (
     0.05  # each steady window's share: the learned figure moves over minutes, not with a ripple
 )
@@ -80,7 +81,8 @@ def learn(
     capacity: float | None, arrivals: float, replicas: int, ratio: float, aim: float
 ) -> float | None:
     """The capacity after one steady window (None: nothing to learn from it)."""
-    if replicas <= 0 or arrivals <= 0 or not LEARN_RATIO[0] <= ratio <= LEARN_RATIO[1]:
+    below, above = LEARN_AROUND_AIM
+    if replicas <= 0 or arrivals <= 0 or not aim + below <= ratio <= aim + above:
         return capacity
     sample = arrivals / replicas * aim / ratio
     if capacity is None:

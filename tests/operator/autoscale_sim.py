@@ -181,6 +181,7 @@ def simulate(trace: Trace, settings: Autoscaling = SCALING) -> dict:
         "direction_reversals": sum(1 for a, b in itertools.pairwise(moves) if a != b),
         "scale_events": len(moves),
         "windows_over_target_at_s": missed,
+        "capacity_learned": None if memory.capacity is None else round(memory.capacity, 2),
     }
 
 

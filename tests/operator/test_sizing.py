@@ -1,0 +1,113 @@
+"""decide() sizing from demand: a step of load mapped to a replica count in one decision once a
+replica's capacity is learned, the trend projected over the pods' start-up (said in words), a
+burst's panic (at once; no scale-down while it lasts), the dead band on ripple, and the memory
+surviving a restart through status as JSON."""
+
+import itertools
+import json
+import math
+
+from kvpilot_operator import forecast
+from kvpilot_operator.decide import Inputs, decide
+from kvpilot_operator.forecast import Memory
+from tests.operator.scaling import scaling
+
+SCALING = scaling(
+    minReplicas=1,
+    maxReplicas=30,
+    targetLatencyP95Milliseconds=1000,
+    windowSeconds=60,
+    intervalSeconds=15,
+    scaleUp={"stabilizationSeconds": 0, "maxStepReplicas": 10},
+)
+STEADY = [(float(t), 40.0) for t in range(0, 600, 15)]  # ten minutes of 40 req/s
+
+
+def seen(
+    arrivals: float, current: int = 4, p95: float = 900.0, recent: float | None = None
+) -> Inputs:
+    return Inputs(
+        current=current,
+        starting=0,
+        pods_scraped=current,
+        scrape_failures=0,
+        queue_per_replica=0.5,
+        p95_ms=p95,
+        finished=arrivals * 60,
+        arrivals=arrivals,
+        recent_arrivals=arrivals if recent is None else recent,
+        startup_seconds=62,
+    )
+
+
+def test_capacity_is_learned_from_the_replicas_own_latency():
+    # 4 replicas carry 40 req/s at p95 0.9 s, the aim (1 s less 10%): 10 req/s each.
+    memory = decide(seen(40.0), SCALING, [], 600.0, Memory(STEADY)).memory
+    assert memory.capacity == 10.0
+    # Loaded past the aim, the same arrivals teach a lower figure, a twentieth at a time.
+    memory = decide(seen(40.0, p95=1050.0), SCALING, [], 615.0, memory).memory
+    assert memory.capacity == 10.0 + forecast.LEARN_WEIGHT * (40 / 4 * 0.9 / 1.05 - 10.0)
+    # Far from the aim the latency curve is not the line the sample assumes: nothing learned.
+    assert decide(seen(40.0, p95=3000.0), SCALING, [], 630.0, memory).memory.capacity == (
+        memory.capacity
+    )
+
+
+def test_a_step_of_load_is_sized_in_one_decision():
+    memory = Memory(STEADY, capacity=10.0)
+    decision = decide(seen(40.0, p95=3000, recent=95.0), SCALING, [], 600.0, memory)
+    # A burst: 95 req/s over the short window against 40 over the window, 10 per replica.
+    assert decision.replicas == 10
+    assert decision.reason.startswith("burst: arrivals 95.0 req/s over 15s vs 40.0 over 60s")
+    assert decision.reason.endswith(": 4 -> 10")
+    # While it lasts (a window), quiet metrics scale nothing down.
+    calm = decide(seen(40.0, current=10, p95=300), SCALING, [], 630.0, decision.memory)
+    assert calm.replicas == 10 and "a burst was seen" in calm.reason
+
+
+def test_a_rising_trend_is_projected_over_the_start_up_and_said_in_words():
+    rising = [(float(t), 20.0 + t / 60) for t in range(0, 600, 15)]  # +1 req/s per minute
+    memory = Memory(rising[:-1], capacity=10.0)
+    # (p95 0.4 s: too far below the aim to teach a capacity, which stays 10 here)
+    decision = decide(seen(29.75, 3, 400.0, 29.5), SCALING, [], 585.0, memory)
+    # Now ~30 req/s (3 replicas' worth); ready pods serve ~2.1 minutes from the window's middle.
+    ahead = 29.75 + 1 / 60 * (30 + 62 + 15)
+    assert decision.replicas == math.ceil(ahead / 10) == 4
+    assert "arrivals 29.8 req/s rising 1.0 req/s per minute; pods take 62s to start" in (
+        decision.reason
+    )
+    off = scaling(**{**_fields(), "projectArrivals": False})
+    assert decide(seen(29.75, 3, 400.0, 29.5), off, [], 585.0, memory).replicas == 3
+
+
+def _fields() -> dict:
+    return {
+        "minReplicas": 1,
+        "maxReplicas": 30,
+        "targetLatencyP95Milliseconds": 1000,
+        "windowSeconds": 60,
+        "intervalSeconds": 15,
+    }
+
+
+def test_a_ripple_smaller_than_a_replica_moves_nothing():
+    # 48 +-3 req/s at 10 per replica: the peaks need 6 replicas, the troughs 5.
+    ripple = [(float(t), 48 + 3 * math.sin(t / 90)) for t in range(0, 600, 15)]
+    memory, current, counts = Memory(ripple, capacity=10.0), 5, [5]
+    history: list[tuple[float, int]] = []
+    for step in range(120):  # thirty minutes, about three periods
+        now = 600.0 + 15 * step
+        rate = 48 + 3 * math.sin(now / 90)
+        p95 = 900 * rate / current / 10  # at the aim when a replica carries 10 req/s
+        decision = decide(seen(rate, current, p95), SCALING, history, now, memory)
+        memory, history, current = decision.memory, decision.history, decision.replicas
+        counts.append(current)
+    changes = [b for a, b in itertools.pairwise(counts) if a != b]
+    assert changes == [6], counts  # up once for the first peak, then never down
+
+
+def test_the_memory_survives_a_restart_through_status():
+    memory = Memory(STEADY, capacity=9.5, panic_until=700.0, changed_at=500.0)
+    stored = json.loads(json.dumps(memory.to_status()))
+    assert Memory.from_status(stored) == memory
+    assert Memory.from_status({}) == Memory()  # a status from before the autoscaler learned
