@@ -176,15 +176,16 @@ def decide(
         target = min(min(recent), current + up.max_step_replicas)
         hold = "holding while scale-up stabilizes"
     elif raw < current:
-        recent = [r for t, r in history if now - t <= down.stabilization_seconds]
+        dwell = down.stabilization_seconds if sized is None else sized.dwell
+        recent = [r for t, r in history if now - t <= dwell]
         observed_since = history[0][0]
-        covered = observed_since <= now - down.stabilization_seconds + scaling.interval_seconds
+        covered = observed_since <= now - dwell + scaling.interval_seconds
         if inputs.starting:
             hold = f"holding while {inputs.starting} pods load"
         elif inputs.scrape_failures:
             hold = f"holding while {inputs.scrape_failures} pods do not answer"
         else:
-            hold = f"holding for {down.stabilization_seconds}s of lower load"
+            hold = f"holding for {dwell:.0f}s of lower load"
             if covered:
                 target = max(max(recent), current - down.max_step_replicas)
     clamped = min(max(target, lo), hi)

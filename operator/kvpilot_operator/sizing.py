@@ -28,12 +28,16 @@ if TYPE_CHECKING:  # decide.py imports this module
     from kvpilot_operator.decide import Inputs
 
 
+TREND_AGREEMENT = 0.8  # the share of sample pairs that must rise (or fall) together
+
+
 @dataclass(frozen=True)
 class Sized:
     replicas: int | None  # None: no capacity learned yet (the memory still moves on)
     reason: str  # what drove it, in words, before the ": 2 -> 4" decide() adds
     memory: Memory
     panic: bool  # a burst now: scale up at once
+    dwell: float = 0.0  # seconds of lower recommendations before a scale-down
 
 
 def trend_seconds(scaling: Autoscaling, startup: float) -> float:
@@ -70,6 +74,27 @@ def steady(inputs: "Inputs", memory: Memory, scaling: Autoscaling, now: float) -
     )
 
 
+def _learn(
+    memory: Memory, load: float, ratio: float, aim: float, now: float, window: int
+) -> Memory:
+    """A steady window's point, at most one per window (so the points span the last
+    forecast.LEARN_POINTS windows, not a few minutes of one load), and the capacity refitted."""
+    if memory.learned_at is not None and now - memory.learned_at < window:
+        return memory
+    points = [*memory.points, (load, ratio)][-forecast.LEARN_POINTS :]
+    fitted = forecast.capacity(points, aim)
+    return replace(memory, points=points, capacity=fitted, learned_at=now)
+
+
+def _dwell(scaling: Autoscaling, noise: float) -> float:
+    """How long lower demand must last before a scale-down: one window for smooth arrivals, up
+    to scaleDown.stabilizationSeconds as their noise nears a replica's capacity (`noise`: the
+    dead band over the capacity, 0 to 1)."""
+    longest = scaling.scale_down.stabilization_seconds
+    shortest = min(scaling.window_seconds, longest)
+    return shortest + (longest - shortest) * min(max(noise, 0.0), 1.0)
+
+
 def size(
     inputs: "Inputs", scaling: Autoscaling, memory: Memory, ratio: float, now: float
 ) -> Sized | None:
@@ -81,25 +106,33 @@ def size(
     window, interval = scaling.window_seconds, scaling.interval_seconds
     startup = inputs.startup_seconds or 0.0
     aim = 1 - scaling.tolerance_percent / 100
+    memory = remember(memory, arrivals, now, scaling, startup)
+    if steady(inputs, memory, scaling, now) and forecast.learnable(ratio) and arrivals > 0:
+        memory = _learn(memory, arrivals / inputs.pods_scraped, ratio, aim, now, window)
     capacity = memory.capacity
-    if steady(inputs, memory, scaling, now):
-        capacity = forecast.learn(capacity, arrivals, inputs.pods_scraped, ratio, aim)
-    memory = replace(remember(memory, arrivals, now, scaling, startup), capacity=capacity)
     if capacity is None or capacity <= 0:
         return Sized(None, "", memory, False)
-    recent = [(t, r) for t, r in memory.arrivals if now - t < trend_seconds(scaling, startup)]
-    rise = forecast.slope(recent) if scaling.project_arrivals else 0.0
+    span = trend_seconds(scaling, startup)
+    trend = [(t, r) for t, r in memory.arrivals if now - t < span]
+    rise = forecast.slope(trend)
     spread = forecast.noise(memory.arrivals, forecast.slope(memory.arrivals))
+    band = min(3 * spread, capacity)
     short = (inputs.recent_arrivals or 0.0) + inputs.held / interval
     burst = short >= scaling.panic.threshold_percent / 100 * max(arrivals, 1e-9)
     panicking = burst or (memory.panic_until is not None and now < memory.panic_until)
-    if panicking:
-        # A step, not a trend: the window's mean climbs for a window after one, and projecting
-        # that climb would size for a load that never comes.
+    # Project only a trend: one that most pairs of samples agree on and that moves by more than
+    # the noise band over its span. A step (a burst) makes the window's mean climb for a
+    # window after it, towards a load that is already there: no projection while panicking.
+    # Agreement over twice the span: a minute or two of noise often moves one way.
+    longer = [(t, r) for t, r in memory.arrivals if now - t < 2 * span]
+    trending = forecast.agreement(longer, rise) >= TREND_AGREEMENT and abs(rise) * span > band
+    if not scaling.project_arrivals or panicking or not trending:
         rise = 0.0
     present = max(arrivals + rise * window / 2, 0.0)
     ahead = present + max(rise, 0.0) * (startup + interval)
-    up = forecast.replicas_for(max(ahead, short), capacity)
+    # The short window is noisy: it starts a panic, it does not size an ordinary step.
+    held = inputs.held / interval
+    up = forecast.replicas_for((short if burst else ahead + held), capacity)
     current = inputs.current
     if burst and up > current:
         memory = replace(memory, panic_until=now + window)
@@ -108,8 +141,8 @@ def size(
             f"{arrivals:.1f} over {window}s; {capacity:.1f} req/s per replica"
         )
         return Sized(up, reason, memory, True)
-    band = min(3 * spread, capacity)
-    down = forecast.replicas_for(max(ahead, short) + band, capacity)
+    dwell = _dwell(scaling, band / capacity)
+    down = forecast.replicas_for(ahead + held + band, capacity)
     replicas = up if up > current else down if down < current else current
     if rise > 0 and ahead > present and replicas > current:
         reason = (
@@ -119,5 +152,5 @@ def size(
     else:
         reason = f"arrivals {arrivals:.1f} req/s over {window}s; {capacity:.1f} req/s per replica"
     if replicas < current and panicking:
-        return Sized(current, reason + "; a burst was seen", memory, False)
-    return Sized(replicas, reason, memory, False)
+        return Sized(current, reason + "; a burst was seen", memory, False, dwell)
+    return Sized(replicas, reason, memory, False, dwell)

@@ -6,6 +6,9 @@ surviving a restart through status as JSON."""
 import itertools
 import json
 import math
+from dataclasses import replace
+
+import pytest
 
 from kvpilot_operator import forecast
 from kvpilot_operator.decide import Inputs, decide
@@ -41,16 +44,29 @@ def seen(
 
 
 def test_capacity_is_learned_from_the_replicas_own_latency():
-    # 4 replicas carry 40 req/s at p95 0.9 s, the aim (1 s less 10%): 10 req/s each.
+    # One point: 4 replicas carry 40 req/s at p95 0.9 s, the aim (1 s less 10%): 10 each.
     memory = decide(seen(40.0), SCALING, [], 600.0, Memory(STEADY)).memory
-    assert memory.capacity == 10.0
-    # Loaded past the aim, the same arrivals teach a lower figure, a twentieth at a time.
-    memory = decide(seen(40.0, p95=1050.0), SCALING, [], 615.0, memory).memory
-    assert memory.capacity == 10.0 + forecast.LEARN_WEIGHT * (40 / 4 * 0.9 / 1.05 - 10.0)
-    # Far from the aim the latency curve is not the line the sample assumes: nothing learned.
-    assert decide(seen(40.0, p95=3000.0), SCALING, [], 630.0, memory).memory.capacity == (
-        memory.capacity
+    assert memory.points == [(10.0, 0.9)] and memory.capacity == 10.0
+    # At most one point per window: the next step's latency adds nothing yet.
+    assert decide(seen(40.0, p95=1050), SCALING, [], 615.0, memory).memory == replace(
+        memory, arrivals=[*memory.arrivals[1:], (615.0, 40.0)]
     )
+
+
+def test_capacity_is_solved_on_a_queueing_curve_not_a_line_through_zero():
+    # Replicas that serve 10 req/s, p95 = ln(20) / (10 - load): at 5, 6 and 7 req/s each the
+    # ratio is 0.6, 0.75 and 1.0. At the aim (0.9 s) a replica carries 10 - ln(20) / 0.9.
+    memory, now = Memory(STEADY), 600.0
+    for load in (5.0, 6.0, 7.0):
+        p95 = 1000 * math.log(20) / (10 - load)
+        memory = decide(seen(4 * load, p95=p95), SCALING, [], now, memory).memory
+        now += 60
+    assert memory.capacity == pytest.approx(10 - math.log(20) / 0.9)
+    # The ray through the origin from the lightest point alone would say 7.5 req/s: too many.
+    assert forecast.capacity(memory.points[:1], 0.9) == pytest.approx(5 * 0.9 / (math.log(20) / 5))
+    # Far past the target a backlog sets latency, not the load: no point is taken.
+    past = decide(seen(40.0, p95=3000.0), SCALING, [], now, memory).memory
+    assert past.points == memory.points
 
 
 def test_a_step_of_load_is_sized_in_one_decision():
@@ -68,8 +84,8 @@ def test_a_step_of_load_is_sized_in_one_decision():
 def test_a_rising_trend_is_projected_over_the_start_up_and_said_in_words():
     rising = [(float(t), 20.0 + t / 60) for t in range(0, 600, 15)]  # +1 req/s per minute
     memory = Memory(rising[:-1], capacity=10.0)
-    # (p95 0.4 s: too far below the aim to teach a capacity, which stays 10 here)
-    decision = decide(seen(29.75, 3, 400.0, 29.5), SCALING, [], 585.0, memory)
+    # (p95 0.15 s: too low to say how loaded a replica is; the capacity stays 10 here)
+    decision = decide(seen(29.75, 3, 150.0, 29.5), SCALING, [], 585.0, memory)
     # Now ~30 req/s (3 replicas' worth); ready pods serve ~2.1 minutes from the window's middle.
     ahead = 29.75 + 1 / 60 * (30 + 62 + 15)
     assert decision.replicas == math.ceil(ahead / 10) == 4
@@ -77,7 +93,7 @@ def test_a_rising_trend_is_projected_over_the_start_up_and_said_in_words():
         decision.reason
     )
     off = scaling(**{**_fields(), "projectArrivals": False})
-    assert decide(seen(29.75, 3, 400.0, 29.5), off, [], 585.0, memory).replicas == 3
+    assert decide(seen(29.75, 3, 150.0, 29.5), off, [], 585.0, memory).replicas == 3
 
 
 def _fields() -> dict:
@@ -107,7 +123,7 @@ def test_a_ripple_smaller_than_a_replica_moves_nothing():
 
 
 def test_the_memory_survives_a_restart_through_status():
-    memory = Memory(STEADY, capacity=9.5, panic_until=700.0, changed_at=500.0)
+    memory = Memory(STEADY, [(6.25, 0.8), (7.5, 0.95)], 9.5, 700.0, 500.0, 560.0)
     stored = json.loads(json.dumps(memory.to_status()))
     assert Memory.from_status(stored) == memory
     assert Memory.from_status({}) == Memory()  # a status from before the autoscaler learned
