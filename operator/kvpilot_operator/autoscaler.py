@@ -116,7 +116,7 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
         arrivals=observed.arrivals if observed else None,
         recent_arrivals=observed.recent_arrivals if observed else None,
         # Until a pod of this model has been seen to start, the startup probe's budget.
-        startup_seconds=startup or spec.probes.startup_timeout_seconds,
+        startup_seconds=spec.probes.startup_timeout_seconds if startup is None else startup,
     )
     history = [(float(t), int(r)) for t, r in state.get("recommendations", [])]
     decision = decide(inputs, scaling, history, now, Memory.from_status(state))

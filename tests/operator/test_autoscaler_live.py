@@ -101,6 +101,12 @@ def test_load_step_scales_up_with_reasons_and_idle_scales_back(live):
             timeout=30,
         )
         assert "queue" in status[-1]["reason"] and status[-1]["to"] > status[-1]["from"]
+        # What sizing from demand needs is measured and kept: the arrivals the pods saw, and
+        # how long this model's pods took from start to Ready (this node starts them at once).
+        autoscaling = cluster.get(MD, "auto")["status"]["autoscaling"]
+        assert autoscaling["observed"]["arrivalsPerSecond"] > 0
+        assert autoscaling["startupSeconds"] is not None and autoscaling["startupSeconds"] >= 0
+        assert autoscaling["arrivals"]  # the trend's samples, for the next step (or operator)
         events = wait_for(
             "a ScaledUp Event",
             lambda: [e for e in cluster.list(EVENTS) if e["reason"] == "ScaledUp"],

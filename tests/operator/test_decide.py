@@ -10,7 +10,7 @@ import pytest
 
 from kvpilot_common import demand
 from kvpilot_operator.decide import Inputs, decide, queue_depth, wake
-from tests.operator.scaling import scaling
+from kvpilot_testing.autoscale_sim import scaling
 
 SCALING = scaling(
     minReplicas=1,

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from kvpilot_operator import forecast
+from kvpilot_operator import children, forecast
 from kvpilot_operator.decide import Inputs, decide
 from kvpilot_operator.forecast import Memory
-from tests.operator.scaling import scaling
+from kvpilot_testing.autoscale_sim import scaling
 
 SCALING = scaling(
     minReplicas=1,
@@ -127,3 +127,13 @@ def test_the_memory_survives_a_restart_through_status():
     stored = json.loads(json.dumps(memory.to_status()))
     assert Memory.from_status(stored) == memory
     assert Memory.from_status({}) == Memory()  # a status from before the autoscaler learned
+
+
+def test_a_pods_start_up_is_its_start_to_ready():
+    def pod(started: str, ready: str | None) -> dict:
+        conditions = [{"type": "Ready", "status": "True", "lastTransitionTime": ready}]
+        return {"status": {"startTime": started, "conditions": conditions if ready else []}}
+
+    assert children.startup_seconds(pod("2026-12-03T10:00:00Z", "2026-12-03T10:01:02Z")) == 62
+    assert children.startup_seconds(pod("2026-12-03T10:00:00Z", None)) is None  # not ready
+    assert children.startup_seconds({"status": {}}) is None  # not started

@@ -19,10 +19,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvpilot_operator import crd
 from kvpilot_operator.decide import Inputs, decide
 from kvpilot_operator.forecast import Memory
-from kvpilot_operator.spec import Autoscaling
-from tests.operator.scaling import scaling
+from kvpilot_operator.spec import Autoscaling, Spec
 
 CAPACITY = 10.0  # requests per second one replica serves
 P95_FACTOR = math.log(20) / CAPACITY  # M/M/1: p95 response = ln(20) / (mu - lambda)
@@ -30,6 +30,18 @@ STARTUP_S = 60  # a new replica loads its model this long before serving
 DURATION_S, WARMUP_S, WINDOW_S = 4 * 3600, 1800, 60
 TARGET_P95_MS = 1000
 MAX_RHO = 1 - P95_FACTOR / (TARGET_P95_MS / 1000)  # the utilisation at which p95 hits target
+
+
+def scaling(**fields: object) -> Autoscaling:
+    """spec.autoscaling (enabled) with `fields` (CRD spelling) set, the CRD's defaults for the
+    rest: what the operator would read."""
+    spec = {
+        "model": {"source": "builtin://smollm2-135m-instruct"},
+        "autoscaling": {"enabled": True, **fields},
+    }
+    return Spec.from_defaulted(crd.with_defaults({"spec": spec})).autoscaling
+
+
 SETTINGS = {
     "minReplicas": 1,
     "maxReplicas": 20,
@@ -127,7 +139,10 @@ class Replicas:
         self.desired = to
 
 
-def simulate(trace: Trace, settings: Autoscaling = SCALING) -> dict:
+def simulate(trace: Trace, settings: Autoscaling = SCALING, demand: bool = True) -> dict:
+    """The figures of one run. `demand` False: the controller is told no arrivals, so it scales
+    on latency and queue ratios alone (as it did before sizing from demand, and as the HPA
+    does)."""
     first = math.ceil(trace(0) / (CAPACITY * MAX_RHO))
     pods = Replicas(first, first, [])
     queue, history, memory = 0.0, [], Memory()
@@ -166,8 +181,8 @@ def simulate(trace: Trace, settings: Autoscaling = SCALING) -> dict:
                 queue_per_replica=sum(q for _, _, q in window) / len(window),
                 p95_ms=p95([(lat, w) for lat, w, _ in window]) * 1000,
                 finished=sum(w for _, w, _ in window),
-                arrivals=sum(w for _, w, _ in window) / len(window),
-                recent_arrivals=sum(w for _, w, _ in window[-short:]) / short,
+                arrivals=sum(w for _, w, _ in window) / len(window) if demand else None,
+                recent_arrivals=sum(w for _, w, _ in window[-short:]) / short if demand else None,
                 startup_seconds=STARTUP_S,
             )
             decision = decide(observed, settings, history, float(t), memory)
@@ -183,8 +198,3 @@ def simulate(trace: Trace, settings: Autoscaling = SCALING) -> dict:
         "windows_over_target_at_s": missed,
         "capacity_learned": None if memory.capacity is None else round(memory.capacity, 2),
     }
-
-
-if __name__ == "__main__":
-    for name, trace in TRACES.items():
-        print(name, simulate(trace))
