@@ -62,8 +62,10 @@ def between(passed: float | None, failed: float) -> float:
     return round(failed / 2 if passed is None else math.sqrt(passed * failed), 4)
 
 
-def recommend(report: dict, slo: Slo) -> dict:
-    """Autoscaling targets from the run at the highest sustainable rate (see docs/bench.md)."""
+def recommend(report: dict, slo: Slo, rate: float | None = None) -> dict:
+    """Autoscaling targets from the run at the highest sustainable rate `rate` (see
+    docs/bench.md): the sweep runs against one replica, so that rate is one replica's
+    capacity, the autoscaler's seed until it learns its own."""
     metric = "TimeToFirstToken" if slo.ttft_ms is not None else "EndToEnd"
     limit = slo.ttft_ms if slo.ttft_ms is not None else slo.e2e_ms
     server, notes = report["server"], []
@@ -96,14 +98,21 @@ def recommend(report: dict, slo: Slo) -> dict:
         "targetQueueDepth": queue_target,
         "targetLatencyP95Milliseconds": latency_target,
         "latencyMetric": metric,
+        "replicaCapacityRequestsPerSecond": rate,
         "notes": notes,
     }
 
 
 def autoscaling_yaml(recommendation: dict) -> str:
     lines = ["autoscaling:", "  enabled: true"]
-    for key in ("targetQueueDepth", "targetLatencyP95Milliseconds", "latencyMetric"):
-        if recommendation[key] is not None:
+    keys = (
+        "targetQueueDepth",
+        "targetLatencyP95Milliseconds",
+        "latencyMetric",
+        "replicaCapacityRequestsPerSecond",
+    )
+    for key in keys:
+        if recommendation.get(key) is not None:
             lines.append(f"  {key}: {recommendation[key]}")
     return "\n".join(lines)
 
@@ -149,6 +158,6 @@ async def sweep(run_at: RunAt, options: SweepOptions, slo: Slo) -> tuple[list[St
         "goodput_target": options.goodput_target,
         "steps": [{"rate": s.rate, "passed": s.passed, "why": s.why} for s in steps],
         "sustainable_rate": best.rate if best else None,
-        "recommendation": recommend(best.report, slo) if best else None,
+        "recommendation": recommend(best.report, slo, best.rate) if best else None,
     }
     return steps, section

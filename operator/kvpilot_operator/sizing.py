@@ -109,7 +109,11 @@ def size(
     memory = remember(memory, arrivals, now, scaling, startup)
     if steady(inputs, memory, scaling, now) and forecast.learnable(ratio) and arrivals > 0:
         memory = _learn(memory, arrivals / inputs.pods_scraped, ratio, aim, now, window)
-    capacity = memory.capacity
+    capacity, seeded = memory.capacity, ""
+    seed = scaling.replica_capacity_requests_per_second
+    if capacity is None and seed:
+        # The spec's figure holds p95 at its target: a point at ratio 1 until one is measured.
+        capacity, seeded = forecast.capacity([(seed, 1.0)], aim), " (from the spec)"
     if capacity is None or capacity <= 0:
         return Sized(None, "", memory, False)
     span = trend_seconds(scaling, startup)
@@ -138,7 +142,7 @@ def size(
         memory = replace(memory, panic_until=now + window)
         reason = (
             f"burst: arrivals {short:.1f} req/s over {scaling.panic.window_seconds}s vs "
-            f"{arrivals:.1f} over {window}s; {capacity:.1f} req/s per replica"
+            f"{arrivals:.1f} over {window}s; {capacity:.1f} req/s per replica{seeded}"
         )
         return Sized(up, reason, memory, True)
     dwell = _dwell(scaling, band / capacity)
@@ -147,10 +151,13 @@ def size(
     if rise > 0 and ahead > present and replicas > current:
         reason = (
             f"arrivals {arrivals:.1f} req/s rising {rise * 60:.1f} req/s per minute; pods take "
-            f"{startup:.0f}s to start; {capacity:.1f} req/s per replica"
+            f"{startup:.0f}s to start; {capacity:.1f} req/s per replica{seeded}"
         )
     else:
-        reason = f"arrivals {arrivals:.1f} req/s over {window}s; {capacity:.1f} req/s per replica"
+        reason = (
+            f"arrivals {arrivals:.1f} req/s over {window}s; {capacity:.1f} req/s per replica"
+            f"{seeded}"
+        )
     if replicas < current and panicking:
         return Sized(current, reason + "; a burst was seen", memory, False, dwell)
     return Sized(replicas, reason, memory, False, dwell)
