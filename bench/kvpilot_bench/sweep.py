@@ -98,7 +98,8 @@ def recommend(report: dict, slo: Slo, rate: float | None = None) -> dict:
         "targetQueueDepth": queue_target,
         "targetLatencyP95Milliseconds": latency_target,
         "latencyMetric": metric,
-        "replicaCapacityRequestsPerSecond": rate,
+        # The spec counts per minute: integers, as Kubernetes' API conventions want.
+        "replicaCapacityRequestsPerMinute": None if rate is None else max(1, math.floor(rate * 60)),
         "notes": notes,
     }
 
@@ -109,7 +110,7 @@ def autoscaling_yaml(recommendation: dict) -> str:
         "targetQueueDepth",
         "targetLatencyP95Milliseconds",
         "latencyMetric",
-        "replicaCapacityRequestsPerSecond",
+        "replicaCapacityRequestsPerMinute",
     )
     for key in keys:
         if recommendation.get(key) is not None:

@@ -110,10 +110,10 @@ def size(
     if steady(inputs, memory, scaling, now) and forecast.learnable(ratio) and arrivals > 0:
         memory = _learn(memory, arrivals / inputs.pods_scraped, ratio, aim, now, window)
     capacity, seeded = memory.capacity, ""
-    seed = scaling.replica_capacity_requests_per_second
+    seed = scaling.replica_capacity_requests_per_minute
     if capacity is None and seed:
         # The spec's figure holds p95 at its target: a point at ratio 1 until one is measured.
-        capacity, seeded = forecast.capacity([(seed, 1.0)], aim), " (from the spec)"
+        capacity, seeded = forecast.capacity([(seed / 60, 1.0)], aim), " (from the spec)"
     if capacity is None or capacity <= 0:
         return Sized(None, "", memory, False)
     span = trend_seconds(scaling, startup)

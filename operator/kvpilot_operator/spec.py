@@ -160,7 +160,7 @@ class Autoscaling:
     panic: Panic
     target_queue_depth: int | None = None
     target_latency_p95_milliseconds: int | None = None
-    replica_capacity_requests_per_second: float | None = None
+    replica_capacity_requests_per_minute: int | None = None
 
     @classmethod
     def of(cls, scaling: Mapping[str, Any]) -> "Autoscaling":
@@ -178,7 +178,7 @@ class Autoscaling:
             panic=Panic(scaling["panic"]["thresholdPercent"], scaling["panic"]["windowSeconds"]),
             target_queue_depth=scaling.get("targetQueueDepth"),
             target_latency_p95_milliseconds=scaling.get("targetLatencyP95Milliseconds"),
-            replica_capacity_requests_per_second=scaling.get("replicaCapacityRequestsPerSecond"),
+            replica_capacity_requests_per_minute=scaling.get("replicaCapacityRequestsPerMinute"),
         )
 
 

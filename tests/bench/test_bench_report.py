@@ -160,7 +160,7 @@ def test_sweep_finds_the_highest_rate_that_holds(tmp_path):
         "targetQueueDepth": 2,  # 2.6 waiting at the sustainable rate, rounded down
         "targetLatencyP95Milliseconds": 213,  # the server's p95 TTFT there, rounded up
         "latencyMetric": "TimeToFirstToken",
-        "replicaCapacityRequestsPerSecond": 2.8284,  # the sustainable rate: the seed
+        "replicaCapacityRequestsPerMinute": 169,  # the sustainable rate (2.8284/s): the seed
         "notes": [],
     }
     reports = [s.report for s in steps]
@@ -191,5 +191,5 @@ def test_recommendations_in_the_autoscalers_units():
     )
     # The sustainable rate of one replica is the capacity the autoscaler starts from.
     rec = recommend(rep, Slo(ttft_ms=250), rate=2.8284)
-    assert rec["replicaCapacityRequestsPerSecond"] == 2.8284
-    assert autoscaling_yaml(rec).endswith("\n  replicaCapacityRequestsPerSecond: 2.8284")
+    assert rec["replicaCapacityRequestsPerMinute"] == 169
+    assert autoscaling_yaml(rec).endswith("\n  replicaCapacityRequestsPerMinute: 169")

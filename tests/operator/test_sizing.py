@@ -137,3 +137,13 @@ def test_a_pods_start_up_is_its_start_to_ready():
     assert children.startup_seconds(pod("2026-12-03T10:00:00Z", "2026-12-03T10:01:02Z")) == 62
     assert children.startup_seconds(pod("2026-12-03T10:00:00Z", None)) is None  # not ready
     assert children.startup_seconds({"status": {}}) is None  # not started
+
+
+def test_a_capacity_from_the_spec_sizes_the_first_decision():
+    # kvpilot bench --sweep said a replica holds its p95 target at 10 req/s: at the aim (0.9
+    # of the target) it is counted 9 until the replicas' own latency says otherwise.
+    seeded = scaling(**{**_fields(), "replicaCapacityRequestsPerMinute": 600})
+    first = decide(seen(40.0, current=2, p95=3000.0), seeded, [], 600.0, Memory(STEADY))
+    assert first.replicas == 5 and "9.0 req/s per replica (from the spec): 2 -> 5" in first.reason
+    unseeded = decide(seen(40.0, current=2, p95=3000.0), SCALING, [], 600.0, Memory(STEADY))
+    assert "p95 TTFT 3.00s" in unseeded.reason  # no capacity: the ratios decide
