@@ -130,6 +130,10 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
         metrics.queue.labels(*labels).set(queue)
     if inputs.p95_ms is not None:
         metrics.p95.labels(*labels).set(inputs.p95_ms / 1000)
+    if inputs.arrivals is not None:
+        metrics.arrivals.labels(*labels).set(inputs.arrivals)
+    if decision.memory.capacity is not None:
+        metrics.capacity.labels(*labels).set(decision.memory.capacity)
     return decision
 
 

@@ -13,6 +13,10 @@ max_replicas = Gauge(
 )
 queue = Gauge(names.OPERATOR_QUEUE_DEPTH, "Waiting interactive requests per replica", LABELS)
 p95 = Gauge(names.OPERATOR_P95_SECONDS, "p95 of the autoscaling latency metric", LABELS)
+arrivals = Gauge(names.OPERATOR_ARRIVALS, "Requests arriving per second over the window", LABELS)
+capacity = Gauge(
+    names.OPERATOR_REPLICA_CAPACITY, "Requests/s one replica serves at the aim, learned", LABELS
+)
 scale_events = Counter(
     names.OPERATOR_SCALE_EVENTS, "Scale decisions applied", [*LABELS, "direction", "reason"]
 )
@@ -24,8 +28,8 @@ reconcile_seconds = Histogram(names.OPERATOR_RECONCILE_SECONDS, "Reconcile durat
 
 # Every gauge labelled by one ModelDeployment: a value kept after it is gone, or after nothing
 # updates it any more, would keep alerts firing on a stale number.
-GAUGES = (desired, current, ready, max_replicas, queue, p95)
-AUTOSCALER_GAUGES = (max_replicas, queue, p95)
+GAUGES = (desired, current, ready, max_replicas, queue, p95, arrivals, capacity)
+AUTOSCALER_GAUGES = (max_replicas, queue, p95, arrivals, capacity)
 STATUS_GAUGES = (desired, current, ready)  # every status refresh sets them (set_replicas)
 
 

@@ -124,12 +124,14 @@ def _operator(deadline: float, gateway: GatewayMetrics) -> None:
         operator_metrics.max_replicas.labels(*labels).set(3)
         operator_metrics.queue.labels(*labels).set(tick % 5)
         operator_metrics.p95.labels(*labels).set(0.1 + 0.01 * (tick % 7))
+        operator_metrics.arrivals.labels(*labels).set(5 + tick % 3)
+        operator_metrics.capacity.labels(*labels).set(6.5)
         operator_metrics.scrape_failures.labels(*labels).inc(tick % 2)
         operator_metrics.reconcile_seconds.labels(*labels).observe(0.01 * (1 + tick % 7))
         if tick % 3 == 0:
             operator_metrics.reconcile_errors.labels(*labels).inc()
         if tick % 5 == 0:
-            operator_metrics.scale_events.labels(*labels, "up", "QueueDepth").inc()
+            operator_metrics.scale_events.labels(*labels, "up", "Arrivals").inc()
         if tick % 5 == 2:  # woken from zero by requests held at the gateway
             operator_metrics.scale_events.labels(*labels, "up", "Demand").inc()
         _gateway(gateway, tick)

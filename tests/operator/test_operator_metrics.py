@@ -27,6 +27,8 @@ GAUGES = [
     names.OPERATOR_MAX_REPLICAS,
     names.OPERATOR_QUEUE_DEPTH,
     names.OPERATOR_P95_SECONDS,
+    names.OPERATOR_ARRIVALS,
+    names.OPERATOR_REPLICA_CAPACITY,
 ]
 SPEC = {
     "model": {"source": "builtin://smollm2-135m-instruct"},
@@ -127,7 +129,7 @@ def test_the_daemon_drops_the_gauges_when_stopped(monkeypatch):
         await asyncio.wait_for(task, 5)
 
     asyncio.run(scenario())
-    assert [_value(g, "stopped") for g in GAUGES] == [1.0, 1.0, 1.0, None, None, None]
+    assert [_value(g, "stopped") for g in GAUGES] == [1.0, 1.0, 1.0] + [None] * 5
 
 
 def test_the_status_daemon_drops_its_gauges_when_stopped(monkeypatch):

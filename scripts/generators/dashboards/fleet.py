@@ -88,6 +88,27 @@ def fleet() -> dashboard.Dashboard:
         )
         .with_panel(
             panel(
+                "Arrivals vs what the ready replicas carry",
+                "Requests/s arriving over the window, as the autoscaler saw them, and the ready "
+                "replicas times what one serves at the aim (learned from their latency; absent "
+                "until learned). Arrivals above the second line: replicas are on their way.",
+                [
+                    (
+                        f"max by ({by}) ({sel(names.OPERATOR_ARRIVALS, OPERATOR)})",
+                        "{{name}} arrivals",
+                    ),
+                    (
+                        f"max by ({by}) ({sel(names.OPERATOR_REPLICA_CAPACITY, OPERATOR)}) "
+                        f"* max by ({by}) ({sel(names.OPERATOR_READY_REPLICAS, OPERATOR)})",
+                        "{{name}} ready x capacity",
+                    ),
+                ],
+                unit="reqps",
+                width=8,
+            )
+        )
+        .with_panel(
+            panel(
                 "Scale events",
                 "Scale decisions applied, by direction and reason (also shown as annotations).",
                 [(scale_events, "{{name}} {{direction}} {{reason}}")],
