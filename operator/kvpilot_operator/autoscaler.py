@@ -14,6 +14,8 @@ read every step, they are also how a missed wake (wake.py) still happens within 
 """
 
 import asyncio
+import hashlib
+import json
 import time
 from typing import Any
 
@@ -102,7 +104,7 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
     observed = observe(window, now, max(scaling.panic.window_seconds, scaling.interval_seconds))
     wanted = demand.read(meta.get("annotations"), now)
     state = md.get("status", {}).get("autoscaling", {})
-    startup = _startup(ready, state)
+    startup = _startup(ready, state, spec.probes.startup_timeout_seconds)
     inputs = Inputs(
         current=spec.replicas,
         starting=len(pods) - len(ready),
@@ -117,6 +119,7 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
         recent_arrivals=observed.recent_arrivals if observed else None,
         # Until a pod of this model has been seen to start, the startup probe's budget.
         startup_seconds=spec.probes.startup_timeout_seconds if startup is None else startup,
+        basis=basis(md["spec"]),
     )
     history = [(float(t), int(r)) for t, r in state.get("recommendations", [])]
     decision = decide(inputs, scaling, history, now, Memory.from_status(state))
@@ -137,11 +140,28 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
     return decision
 
 
-def _startup(ready: list[dict], state: dict) -> float | None:
-    """This model's pods' start-up time: the quickest ready pod's start to Ready (a pod whose
-    readiness came back later reports the later turn), else what status kept from before."""
+def basis(spec: dict) -> str:
+    """A digest of what one replica's capacity depends on: the model, its engine and resources,
+    and the targets it is measured against (the aim). A learned capacity holds for one."""
+    scaling = spec.get("autoscaling") or {}
+    keys = ("targetQueueDepth", "targetLatencyP95Milliseconds", "latencyMetric", "tolerancePercent")
+    parts = {
+        "model": spec.get("model"),
+        "engine": spec.get("engine"),
+        "resources": spec.get("resources"),
+        "targets": {k: scaling.get(k) for k in keys},
+        "seed": scaling.get("replicaCapacityRequestsPerMinute"),
+    }
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _startup(ready: list[dict], state: dict, budget: int) -> float | None:
+    """This model's pods' start-up time: the quickest ready pod's creation to Ready (a pod
+    whose readiness came back later reports the later turn), else what status kept from
+    before. At most the startup probe's budget: a pod still loading past it is restarted."""
     seen = [s for s in (children.startup_seconds(p) for p in ready) if s is not None]
-    return round(min(seen), 1) if seen else state.get("startupSeconds")
+    return round(min(min(seen), budget), 1) if seen else state.get("startupSeconds")
 
 
 def record(

@@ -99,19 +99,22 @@ async def sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float
 
 
 def startup_seconds(pod: dict) -> float | None:
-    """Seconds from the pod's start to its Ready condition turning True (None: not Ready, or
-    the times are missing). A pod whose readiness came and went later reports that later turn:
-    the autoscaler takes the quickest of its pods for that reason."""
+    """Seconds from the pod's creation (scheduling and image pulls count: a replica asked for
+    waits through them too) to its Ready condition turning True. None: not Ready, times
+    missing, or a container restarted (its Ready turn then dates the restart, not the start).
+    A pod whose readiness came and went later reports that later turn: the autoscaler takes
+    the quickest of its pods for that reason."""
     status = pod.get("status", {})
-    started = status.get("startTime")
+    created = pod.get("metadata", {}).get("creationTimestamp")
     turned = [
         c.get("lastTransitionTime")
         for c in status.get("conditions") or []
         if c.get("type") == "Ready" and c.get("status") == "True"
     ]
-    if not started or not turned or not turned[0]:
+    restarted = any(c.get("restartCount") for c in status.get("containerStatuses") or [])
+    if not created or not turned or not turned[0] or restarted:
         return None
-    seconds = _epoch(turned[0]) - _epoch(started)
+    seconds = _epoch(turned[0]) - _epoch(created)
     return seconds if seconds >= 0 else None
 
 

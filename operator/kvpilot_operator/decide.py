@@ -39,6 +39,7 @@ class Inputs:
     arrivals: float | None = None  # requests/s arriving over the window, all scraped pods
     recent_arrivals: float | None = None  # the same over the short (panic) window
     startup_seconds: float | None = None  # a new pod's start to Ready, as this model's took
+    basis: str = ""  # what a learned capacity holds for (targets, model, engine): a change resets
 
 
 @dataclass(frozen=True)
@@ -147,12 +148,14 @@ def decide(
     history = [(t, r) for t, r in history if now - t <= keep]
     woken = wake(current, inputs.held, scaling)
     if woken is not None:  # the gateway's event handler missed it (or has not run yet)
+        memory = replace(memory, changed_at=now)
         return replace(woken, history=[*history, (now, woken.recommendation)], memory=memory)
     if inputs.pods_scraped == 0:
         failed = inputs.scrape_failures
         why = f"no metrics ({failed} scrapes failed)" if failed else "collecting metrics"
         reason = f"{why}: holding at {current}"
         target = min(max(current, lo), hi)
+        memory = memory if target == current else replace(memory, changed_at=now)
         return Decision(target, current, reason, target != current, history, memory)
     raw, why, ratio = _raw(inputs, scaling, now)
     sized = None if ratio is None else sizing.size(inputs, scaling, memory, ratio, now)
@@ -160,7 +163,13 @@ def decide(
         memory = sized.memory
     if sized is not None and sized.replicas is not None:
         # From demand: what the pods on their way will do is already counted in `current`.
-        raw, why = sized.replicas, sized.reason
+        # Over target with the latency describing the replicas now serving (or with requests
+        # held at a gateway), the ratios still count: a capacity learned or seeded too high
+        # would otherwise hold an overloaded model where it is, with nothing in range to learn.
+        over = ratio is not None and ratio > 1 and (sized.steady or inputs.held > 0)
+        over = over and not sized.panic  # a burst explains the latency: sized for it already
+        if not (over and raw > sized.replicas):
+            raw, why = sized.replicas, sized.reason
     else:
         sized = None
     history = [*history, (now, raw)]

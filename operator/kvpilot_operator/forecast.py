@@ -39,6 +39,7 @@ class Memory:
     panic_until: float | None = None  # a burst was seen: no scale-down before this time
     changed_at: float | None = None  # the last scale: the window before it saw other replicas
     learned_at: float | None = None  # the last point's time
+    basis: str = ""  # the Inputs.basis the points were measured under
 
     def to_status(self) -> dict:
         return {
@@ -48,6 +49,7 @@ class Memory:
             "panicUntil": self.panic_until,
             "changedAt": self.changed_at,
             "learnedAt": self.learned_at,
+            "basis": self.basis,
         }
 
     @classmethod
@@ -61,6 +63,7 @@ class Memory:
             panic_until=None if until is None else float(until),
             changed_at=None if changed is None else float(changed),
             learned_at=None if learned is None else float(learned),
+            basis=state.get("basis") or "",
         )
 
 

@@ -12,9 +12,9 @@ window's scales up at once, and nothing scales down for a window after the last 
 Requests held at a gateway are demand the pods have not seen: they count in the short window.
 
 Why a dead band: arrivals ripple, and a count that follows every ripple across a replica
-boundary flaps. Scaling down needs demand below the smaller count by twice the arrivals' noise
-(capped at one replica's capacity), so a ripple smaller than a replica moves nothing; scaling up
-needs no margin, since the target is what users feel.
+boundary flaps. Scaling down needs demand below the smaller count by three times the arrivals'
+noise (capped at one replica's capacity), so a ripple smaller than a replica moves nothing;
+scaling up needs no margin, since the target is what users feel.
 """
 
 from dataclasses import dataclass, replace
@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # decide.py imports this module
 
 
 TREND_AGREEMENT = 0.8  # the share of sample pairs that must rise (or fall) together
+ARRIVALS_KEPT = 200  # arrival samples kept at most
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Sized:
     memory: Memory
     panic: bool  # a burst now: scale up at once
     dwell: float = 0.0  # seconds of lower recommendations before a scale-down
+    steady: bool = False  # the window's latency describes the replicas now serving
 
 
 def trend_seconds(scaling: Autoscaling, startup: float) -> float:
@@ -57,13 +59,16 @@ def remember(
 ) -> Memory:
     keep = noise_seconds(scaling, startup)
     points = [(t, r) for t, r in memory.arrivals if now - t < keep and t < now]
-    return replace(memory, arrivals=[*points, (now, arrivals)])
+    # Bounded whatever the spans: status holds them, and the slope compares every pair.
+    return replace(memory, arrivals=[*points, (now, arrivals)][-ARRIVALS_KEPT:])
 
 
 def steady(inputs: "Inputs", memory: Memory, scaling: Autoscaling, now: float) -> bool:
     """Whether the window's latency describes the replicas now serving: all of them ready and
-    scraped for a whole window since the last change, and no burst under way."""
-    settled = memory.changed_at is None or now - memory.changed_at >= scaling.window_seconds
+    scraped for a whole window since the pods of the last change could be ready (a start-up
+    after it), and no burst under way."""
+    since = (inputs.startup_seconds or 0.0) + scaling.window_seconds
+    settled = memory.changed_at is None or now - memory.changed_at >= since
     calm = memory.panic_until is None or now >= memory.panic_until
     return (
         settled
@@ -106,8 +111,12 @@ def size(
     window, interval = scaling.window_seconds, scaling.interval_seconds
     startup = inputs.startup_seconds or 0.0
     aim = 1 - scaling.tolerance_percent / 100
+    if memory.basis != inputs.basis:
+        # Another target, model or engine: what one replica served before says nothing now.
+        memory = replace(memory, points=[], capacity=None, learned_at=None, basis=inputs.basis)
     memory = remember(memory, arrivals, now, scaling, startup)
-    if steady(inputs, memory, scaling, now) and forecast.learnable(ratio) and arrivals > 0:
+    settled = steady(inputs, memory, scaling, now)
+    if settled and forecast.learnable(ratio) and arrivals > 0:
         memory = _learn(memory, arrivals / inputs.pods_scraped, ratio, aim, now, window)
     capacity, seeded = memory.capacity, ""
     seed = scaling.replica_capacity_requests_per_minute
@@ -138,16 +147,22 @@ def size(
     held = inputs.held / interval
     up = forecast.replicas_for((short if burst else ahead + held), capacity)
     current = inputs.current
-    if burst and up > current:
+    if burst:  # every sign of one extends the panic, whether or not it needs replicas now
         memory = replace(memory, panic_until=now + window)
+    if burst and up > current:
         reason = (
             f"burst: arrivals {short:.1f} req/s over {scaling.panic.window_seconds}s vs "
             f"{arrivals:.1f} over {window}s; {capacity:.1f} req/s per replica{seeded}"
         )
-        return Sized(up, reason, memory, True)
-    dwell = _dwell(scaling, band / capacity)
+        return Sized(up, reason, memory, True, steady=settled)
+    # Until ten windows of arrivals show their noise, wait as long as the settings allow.
+    seen = memory.arrivals[-1][0] - memory.arrivals[0][0]
+    fresh = seen < noise_seconds(scaling, startup) / 2
+    dwell = _dwell(scaling, 1.0 if fresh else band / capacity)
     down = forecast.replicas_for(ahead + held + band, capacity)
     replicas = up if up > current else down if down < current else current
+    if inputs.held or inputs.queue_per_replica:  # requests waiting: never to zero
+        replicas = max(replicas, 1)
     if rise > 0 and ahead > present and replicas > current:
         reason = (
             f"arrivals {arrivals:.1f} req/s rising {rise * 60:.1f} req/s per minute; pods take "
@@ -159,5 +174,5 @@ def size(
             f"{seeded}"
         )
     if replicas < current and panicking:
-        return Sized(current, reason + "; a burst was seen", memory, False, dwell)
-    return Sized(replicas, reason, memory, False, dwell)
+        return Sized(current, reason + "; a burst was seen", memory, False, dwell, settled)
+    return Sized(replicas, reason, memory, False, dwell, settled)

@@ -6,7 +6,6 @@ surviving a restart through status as JSON."""
 import itertools
 import json
 import math
-from dataclasses import replace
 
 import pytest
 
@@ -48,9 +47,8 @@ def test_capacity_is_learned_from_the_replicas_own_latency():
     memory = decide(seen(40.0), SCALING, [], 600.0, Memory(STEADY)).memory
     assert memory.points == [(10.0, 0.9)] and memory.capacity == 10.0
     # At most one point per window: the next step's latency adds nothing yet.
-    assert decide(seen(40.0, p95=1050), SCALING, [], 615.0, memory).memory == replace(
-        memory, arrivals=[*memory.arrivals[1:], (615.0, 40.0)]
-    )
+    later = decide(seen(40.0, p95=950), SCALING, [], 615.0, memory).memory
+    assert (later.points, later.capacity, later.learned_at) == (memory.points, 10.0, 600.0)
 
 
 def test_capacity_is_solved_on_a_queueing_curve_not_a_line_through_zero():
@@ -129,21 +127,64 @@ def test_the_memory_survives_a_restart_through_status():
     assert Memory.from_status({}) == Memory()  # a status from before the autoscaler learned
 
 
-def test_a_pods_start_up_is_its_start_to_ready():
-    def pod(started: str, ready: str | None) -> dict:
+def test_a_pods_start_up_is_its_creation_to_ready():
+    def pod(ready: str | None, restarts: int = 0) -> dict:
         conditions = [{"type": "Ready", "status": "True", "lastTransitionTime": ready}]
-        return {"status": {"startTime": started, "conditions": conditions if ready else []}}
+        return {
+            "metadata": {"creationTimestamp": "2026-12-03T10:00:00Z"},
+            "status": {
+                "startTime": "2026-12-03T10:00:40Z",  # after 40 s of scheduling and pulling
+                "conditions": conditions if ready else [],
+                "containerStatuses": [{"name": "engine", "restartCount": restarts}],
+            },
+        }
 
-    assert children.startup_seconds(pod("2026-12-03T10:00:00Z", "2026-12-03T10:01:02Z")) == 62
-    assert children.startup_seconds(pod("2026-12-03T10:00:00Z", None)) is None  # not ready
-    assert children.startup_seconds({"status": {}}) is None  # not started
+    assert children.startup_seconds(pod("2026-12-03T10:01:02Z")) == 62
+    assert children.startup_seconds(pod(None)) is None  # not ready
+    # Restarted two days later: its Ready turn dates the restart, not a start-up.
+    assert children.startup_seconds(pod("2026-12-05T10:00:00Z", restarts=1)) is None
+    assert children.startup_seconds({"status": {}}) is None
 
 
 def test_a_capacity_from_the_spec_sizes_the_first_decision():
     # kvpilot bench --sweep said a replica holds its p95 target at 10 req/s: at the aim (0.9
     # of the target) it is counted 9 until the replicas' own latency says otherwise.
     seeded = scaling(**{**_fields(), "replicaCapacityRequestsPerMinute": 600})
-    first = decide(seen(40.0, current=2, p95=3000.0), seeded, [], 600.0, Memory(STEADY))
+    # (p95 0.15 s: too light a load to learn from, so the seed stands)
+    first = decide(seen(40.0, current=2, p95=150.0), seeded, [], 600.0, Memory(STEADY))
     assert first.replicas == 5 and "9.0 req/s per replica (from the spec): 2 -> 5" in first.reason
-    unseeded = decide(seen(40.0, current=2, p95=3000.0), SCALING, [], 600.0, Memory(STEADY))
-    assert "p95 TTFT 3.00s" in unseeded.reason  # no capacity: the ratios decide
+    unseeded = decide(seen(40.0, current=2, p95=150.0), SCALING, [], 600.0, Memory(STEADY))
+    assert "p95 TTFT 0.15s" in unseeded.reason  # no capacity: the ratios decide
+
+
+def test_over_target_the_ratios_still_count_whatever_the_capacity_says():
+    # A seed far too high (20 req/s a replica, at p95 three times its target): sized from it,
+    # 6 replicas would do, and at 3x no point is in range to learn a better figure. Steady
+    # latency over target scales on the ratio all the same.
+    seeded = scaling(**{**_fields(), "replicaCapacityRequestsPerMinute": 1200})
+    decision = decide(seen(100.0, current=6, p95=3000.0), seeded, [], 600.0, Memory(STEADY))
+    assert decision.recommendation == 20 and decision.reason.startswith("p95 TTFT 3.00s")
+    assert decision.replicas == 10  # scaleUp.maxStepReplicas (4) a decision
+
+
+def test_waiting_requests_keep_a_replica():
+    at_zero = scaling(**{**_fields(), "minReplicas": 0})
+    idle = Inputs(1, 0, 1, 0, 2.0, None, 0.0, arrivals=0.0, recent_arrivals=0.0)
+    memory = Memory([(t, 0.0) for t, _ in STEADY], capacity=10.0)
+    quiet = [(float(t), 0) for t in range(0, 600, 15)]
+    assert decide(idle, at_zero, quiet, 600.0, memory).replicas == 1  # 2 waiting: not zero
+
+
+def test_a_new_basis_forgets_the_capacity():
+    memory = Memory(STEADY, [(10.0, 0.9)], capacity=10.0, learned_at=0.0, basis="before")
+    given = Inputs(4, 0, 4, 0, 0.5, 3000.0, 2400.0, arrivals=40.0, basis="after")
+    decision = decide(given, SCALING, [], 600.0, memory)
+    assert decision.memory.basis == "after" and decision.memory.points == []
+    assert decision.memory.capacity is None and "p95 TTFT 3.00s" in decision.reason
+
+
+def test_every_sign_of_a_burst_extends_the_panic():
+    memory = Memory(STEADY, capacity=10.0, panic_until=620.0)
+    # 10 replicas already carry the burst: none to add, but the panic runs a window longer.
+    decision = decide(seen(40.0, current=10, recent=95.0), SCALING, [], 610.0, memory)
+    assert decision.replicas == 10 and decision.memory.panic_until == 670.0
