@@ -100,14 +100,18 @@ def _ratio(inputs: Inputs, scaling: Autoscaling) -> tuple[float, str] | None:
     return max(ratios) if ratios else None
 
 
+def _wanted(inputs: Inputs, scaling: Autoscaling, now: float) -> bool:
+    """Requests want this model: held at a gateway now or within the window, or queued."""
+    recent = inputs.last_demand is not None and now - inputs.last_demand <= scaling.window_seconds
+    return inputs.held > 0 or recent or bool(queue_depth(inputs))
+
+
 def _raw(inputs: Inputs, scaling: Autoscaling, now: float) -> tuple[int, str, float | None]:
     """The unstabilized recommendation from ratios, what drives it, and the ratio (None: idle,
     or nothing to scale on)."""
     # Scale from the pods that produced the metrics: replicas still starting add nothing yet.
     current, window = max(inputs.pods_scraped, 1), scaling.window_seconds
-    wanted = inputs.held > 0 or (
-        inputs.last_demand is not None and now - inputs.last_demand <= window
-    )
+    wanted = _wanted(inputs, scaling, now)
     idle = inputs.finished == 0 and not queue_depth(inputs)
     if idle and wanted:
         why = f"no traffic over {window}s yet, but requests waited at the gateway"
@@ -169,7 +173,8 @@ def decide(
         over = ratio is not None and ratio > 1 and (sized.steady or inputs.held > 0)
         over = over and not sized.panic  # a burst explains the latency: sized for it already
         if not (over and raw > sized.replicas):
-            raw, why = sized.replicas, sized.reason
+            # A wanted model keeps a replica, whatever its arrivals say (as with ratios).
+            raw, why = max(sized.replicas, int(_wanted(inputs, scaling, now))), sized.reason
     else:
         sized = None
     history = [*history, (now, raw)]

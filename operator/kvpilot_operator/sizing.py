@@ -161,8 +161,6 @@ def size(
     dwell = _dwell(scaling, 1.0 if fresh else band / capacity)
     down = forecast.replicas_for(ahead + held + band, capacity)
     replicas = up if up > current else down if down < current else current
-    if inputs.held or inputs.queue_per_replica:  # requests waiting: never to zero
-        replicas = max(replicas, 1)
     if rise > 0 and ahead > present and replicas > current:
         reason = (
             f"arrivals {arrivals:.1f} req/s rising {rise * 60:.1f} req/s per minute; pods take "

@@ -14,14 +14,14 @@ from kvpilot_operator.decide import Inputs, decide
 from kvpilot_operator.forecast import Memory
 from kvpilot_testing.autoscale_sim import scaling
 
-SCALING = scaling(
-    minReplicas=1,
-    maxReplicas=30,
-    targetLatencyP95Milliseconds=1000,
-    windowSeconds=60,
-    intervalSeconds=15,
-    scaleUp={"stabilizationSeconds": 0, "maxStepReplicas": 10},
-)
+FIELDS = {
+    "minReplicas": 1,
+    "maxReplicas": 30,
+    "targetLatencyP95Milliseconds": 1000,
+    "windowSeconds": 60,
+    "intervalSeconds": 15,
+}
+SCALING = scaling(**FIELDS, scaleUp={"stabilizationSeconds": 0, "maxStepReplicas": 10})
 STEADY = [(float(t), 40.0) for t in range(0, 600, 15)]  # ten minutes of 40 req/s
 
 
@@ -90,18 +90,8 @@ def test_a_rising_trend_is_projected_over_the_start_up_and_said_in_words():
     assert "arrivals 29.8 req/s rising 1.0 req/s per minute; pods take 62s to start" in (
         decision.reason
     )
-    off = scaling(**{**_fields(), "projectArrivals": False})
+    off = scaling(**{**FIELDS, "projectArrivals": False})
     assert decide(seen(29.75, 3, 150.0, 29.5), off, [], 585.0, memory).replicas == 3
-
-
-def _fields() -> dict:
-    return {
-        "minReplicas": 1,
-        "maxReplicas": 30,
-        "targetLatencyP95Milliseconds": 1000,
-        "windowSeconds": 60,
-        "intervalSeconds": 15,
-    }
 
 
 def test_a_ripple_smaller_than_a_replica_moves_nothing():
@@ -149,7 +139,7 @@ def test_a_pods_start_up_is_its_creation_to_ready():
 def test_a_capacity_from_the_spec_sizes_the_first_decision():
     # kvpilot bench --sweep said a replica holds its p95 target at 10 req/s: at the aim (0.9
     # of the target) it is counted 9 until the replicas' own latency says otherwise.
-    seeded = scaling(**{**_fields(), "replicaCapacityRequestsPerMinute": 600})
+    seeded = scaling(**{**FIELDS, "replicaCapacityRequestsPerMinute": 600})
     # (p95 0.15 s: too light a load to learn from, so the seed stands)
     first = decide(seen(40.0, current=2, p95=150.0), seeded, [], 600.0, Memory(STEADY))
     assert first.replicas == 5 and "9.0 req/s per replica (from the spec): 2 -> 5" in first.reason
@@ -161,14 +151,14 @@ def test_over_target_the_ratios_still_count_whatever_the_capacity_says():
     # A seed far too high (20 req/s a replica, at p95 three times its target): sized from it,
     # 6 replicas would do, and at 3x no point is in range to learn a better figure. Steady
     # latency over target scales on the ratio all the same.
-    seeded = scaling(**{**_fields(), "replicaCapacityRequestsPerMinute": 1200})
+    seeded = scaling(**{**FIELDS, "replicaCapacityRequestsPerMinute": 1200})
     decision = decide(seen(100.0, current=6, p95=3000.0), seeded, [], 600.0, Memory(STEADY))
     assert decision.recommendation == 20 and decision.reason.startswith("p95 TTFT 3.00s")
     assert decision.replicas == 10  # scaleUp.maxStepReplicas (4) a decision
 
 
 def test_waiting_requests_keep_a_replica():
-    at_zero = scaling(**{**_fields(), "minReplicas": 0})
+    at_zero = scaling(**{**FIELDS, "minReplicas": 0})
     idle = Inputs(1, 0, 1, 0, 2.0, None, 0.0, arrivals=0.0, recent_arrivals=0.0)
     memory = Memory([(t, 0.0) for t, _ in STEADY], capacity=10.0)
     quiet = [(float(t), 0) for t in range(0, 600, 15)]
