@@ -2,35 +2,42 @@
 
 A structured-output row's disallowed tokens are masked to -inf first (engine/structured/masks.py),
 so every mode below, and the logprobs, see the constrained distribution, as in vLLM.
-Greedy batches without penalties take one argmax over the batch. Everything else goes row by
-row. A seeded request's draw at output position k comes from a generator seeded with (seed, k),
-not from one generator's history: its samples do not depend on what else shares the batch, and
-a continuation from position k (continue_from: another replica taking over a broken stream)
-draws exactly what the uninterrupted run would have. A row that cannot be sampled comes back as
-its exception, so one request's extreme settings fail that request alone.
+The whole batch is processed as tensors on the logits' own device (runtime/sampling_ops.py), and
+only the chosen token ids (and the logprobs asked for) are copied back: on a GPU, a [batch,
+vocab] copy to the host every step would be a sync and most of a small step's time. Greedy
+batches without penalties take one argmax. A seeded request's draw at output position k comes
+from a generator seeded with (seed, k), not from one generator's history: its samples do not
+depend on what else shares the batch, and a continuation from position k (continue_from:
+another replica taking over a broken stream) draws exactly what the uninterrupted run would
+have. A row that cannot be sampled comes back as its exception, so one request's extreme
+settings fail that request alone.
 """
 
 import hashlib
 
 import torch
 
+from kvpilot_server.engine.runtime import sampling_ops as ops
 from kvpilot_server.engine.runtime.sequence import Sequence
 from kvpilot_server.engine.structured.masks import StepMasks
 from kvpilot_server.outputs import Sample
 
-_MAX = torch.finfo(torch.float32).max
+# torch.multinomial's words for a row it cannot draw from, kept so errors read as before.
+UNSAMPLEABLE = "invalid multinomial distribution (a NaN, an infinity, a negative or all zeros)"
 
 
 class Sampler:
     def __init__(self, eos_token_ids: list[int], seed: int = 0) -> None:
         self.eos_token_ids = eos_token_ids
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        # Unseeded rows share one generator per device, seeded with the engine's seed.
+        self._shared: dict[torch.device, torch.Generator] = {}
 
     def sample(
         self, logits: torch.Tensor, seqs: list[Sequence], masks: StepMasks | None = None
     ) -> list[Sample | Exception]:
-        logits = logits.float().cpu()
-        failed = {}
+        logits = logits.float()
+        failed: dict[int, Exception] = {}
         if masks is not None:  # on a copy: the caller's logits may be this very tensor
             logits = logits.clone()
             failed = masks.apply(logits, [s.seq_id for s in seqs])
@@ -38,51 +45,68 @@ class Sampler:
             samples = self.sample(logits, seqs)  # the failed rows' samples are dropped
             return [failed.get(i, sample) for i, sample in enumerate(samples)]
         if all(s.params.greedy and not self._needs_processing(s) for s in seqs):
-            tokens = logits.argmax(dim=-1).tolist()
-            return [
-                self._with_logprobs(row, token, seq)
-                for row, token, seq in zip(logits, tokens, seqs, strict=True)
-            ]
-        samples: list[Sample | Exception] = []
-        for row, seq in zip(logits, seqs, strict=True):
-            try:
-                samples.append(self._with_logprobs(row, self._sample_row(row, seq), seq))
-            except Exception as exc:  # e.g. a distribution left with nothing to draw from
-                samples.append(exc)
-        return samples
+            tokens, errors = logits.argmax(dim=-1).tolist(), set()
+        else:
+            tokens, errors = self._choose(logits, seqs)
+        samples = self._with_logprobs(logits, tokens, seqs)
+        return [RuntimeError(UNSAMPLEABLE) if i in errors else s for i, s in enumerate(samples)]
 
     def _needs_processing(self, seq: Sequence) -> bool:
         return seq.params.processed or seq.num_output_tokens < seq.params.min_tokens
 
-    def _sample_row(self, logits: torch.Tensor, seq: Sequence) -> int:
-        p = seq.params
-        logits = logits.clone()
-        if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias))
-            logits[ids] += torch.tensor(list(p.logit_bias.values()))
-        if p.penalized:
-            apply_penalties(logits, seq)
-        if seq.num_output_tokens < p.min_tokens:
-            banned = [*p.stop_token_ids, *([] if p.ignore_eos else self.eos_token_ids)]
-            logits[banned] = float("-inf")
-        if p.greedy:
-            return int(logits.argmax())
-        # Extreme penalties or temperatures overflow to inf, and softmax(inf) is NaN: cap them.
-        scaled = torch.nan_to_num(logits / p.temperature, nan=float("-inf"), posinf=_MAX)
-        probs = filter_probs(torch.softmax(scaled, dim=-1), p.top_k, p.top_p, p.min_p)
-        return int(torch.multinomial(probs, 1, generator=self._generator(seq)))
+    def _choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], set[int]]:
+        """Each row's token, and the rows that could not be sampled."""
+        x = logits.clone()
+        rows = list(enumerate(seqs))
+        params = {i: s.params for i, s in rows}
+        ops.add_bias(x, {i: p.logit_bias for i, p in params.items() if p.logit_bias})
+        repeat = {i: s.token_ids for i, s in rows if s.params.repetition_penalty != 1.0}
+        ops.repetition_penalty(x, repeat, {i: params[i].repetition_penalty for i in repeat})
+        counted = {
+            i: s.output_token_ids
+            for i, s in rows
+            if s.output_token_ids and (s.params.presence_penalty or s.params.frequency_penalty)
+        }
+        presence = {i: params[i].presence_penalty for i in counted}
+        ops.count_penalties(x, counted, presence, {i: params[i].frequency_penalty for i in counted})
+        early = [(i, s) for i, s in rows if s.num_output_tokens < s.params.min_tokens]
+        ops.ban(x, {i: self._banned(s) for i, s in early})
+        tokens = x.argmax(dim=-1)
+        drawn = [i for i, p in params.items() if not p.greedy]
+        errors: set[int] = set()
+        if drawn:
+            index = torch.tensor(drawn, device=x.device)
+            temperature = torch.tensor([params[i].temperature for i in drawn], device=x.device)
+            probs = ops.probabilities(x[index], temperature)
+            probs = ops.filter_probs(probs, [params[i] for i in drawn])
+            bad = ops.invalid_rows(probs)
+            # A bad row draws from a uniform stand-in (its result is dropped), so the others'
+            # draws are made exactly as if it were fine.
+            probs = torch.where(bad[:, None], 1.0, probs)
+            tokens[index] = ops.draw(probs, [self._generator(seqs[i], x.device) for i in drawn])
+            errors = {drawn[j] for j in torch.nonzero(bad).flatten().tolist()}
+        return tokens.tolist(), errors
 
-    def _generator(self, seq: Sequence) -> torch.Generator:
+    def _banned(self, seq: Sequence) -> list[int]:
+        p = seq.params
+        return [*p.stop_token_ids, *([] if p.ignore_eos else self.eos_token_ids)]
+
+    def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator:
         if seq.params.seed is None:
-            return self.generator
-        return position_generator(seq.params.seed, seq.num_output_tokens)
+            shared = self._shared.get(device)
+            if shared is None:
+                shared = torch.Generator(device=device).manual_seed(self.seed)
+                self._shared[device] = shared
+            return shared
+        return position_generator(seq.params.seed, seq.num_output_tokens, device)
 
     @staticmethod
     def prompt_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[Sample]:
         """Each row's logprob of the token that follows it (a prompt token), plus its k best.
         Logprobs of the model's raw distribution, as vLLM reports them by default."""
-        logprobs = torch.log_softmax(logits.float().cpu(), dim=-1)
-        chosen = logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        index = torch.tensor(tokens, device=logprobs.device)[:, None]
+        chosen = logprobs.gather(1, index)[:, 0].tolist()
         if not k:
             return [Sample(t, v, []) for t, v in zip(tokens, chosen, strict=True)]
         top = torch.topk(logprobs, k)
@@ -93,44 +117,30 @@ class Sampler:
         ]
 
     @classmethod
-    def _with_logprobs(cls, logits: torch.Tensor, token: int, seq: Sequence) -> Sample:
-        k = seq.params.logprobs
-        if k is None:
-            return Sample(token)
-        return cls.prompt_logprobs(logits[None], [token], k)[0]
+    def _with_logprobs(
+        cls, logits: torch.Tensor, tokens: list[int], seqs: list[Sequence]
+    ) -> list[Sample]:
+        """Each row's sample, with the logprobs its request asked for: one pass per distinct k
+        over the rows that asked for it."""
+        samples = [Sample(token) for token in tokens]
+        wanted: dict[int, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            if seq.params.logprobs is not None:
+                wanted.setdefault(seq.params.logprobs, []).append(i)
+        for k, rows in wanted.items():
+            index = torch.tensor(rows, device=logits.device)
+            found = cls.prompt_logprobs(logits[index], [tokens[i] for i in rows], k)
+            for i, sample in zip(rows, found, strict=True):
+                samples[i] = sample
+        return samples
 
 
-def position_generator(seed: int, position: int) -> torch.Generator:
-    """The generator of a seeded request's draw at output `position`: (seed, position) hashed
-    to a 64-bit seed, so neighbouring seeds and positions give unrelated streams."""
+def position_generator(
+    seed: int, position: int, device: torch.device | str = "cpu"
+) -> torch.Generator:
+    """The generator of a seeded request's draw at output `position`, on the device that draws:
+    (seed, position) hashed to a 64-bit seed, so neighbouring seeds and positions give
+    unrelated streams. Streams are reproducible per device type, not across types (a GPU's
+    generator is not the CPU's)."""
     digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))
-
-
-def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
-    """vLLM's semantics: repetition over prompt and output; presence/frequency over output."""
-    p = seq.params
-    if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
-        values = logits[seen]
-        logits[seen] = torch.where(
-            values > 0, values / p.repetition_penalty, values * p.repetition_penalty
-        )
-    output = seq.output_token_ids
-    if output and (p.presence_penalty or p.frequency_penalty):
-        counts = torch.bincount(torch.tensor(output), minlength=logits.numel()).to(logits.dtype)
-        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
-
-
-def filter_probs(probs: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """Zero out tokens outside top-k, the top-p nucleus and the min-p floor; never all of them."""
-    if top_k and top_k < probs.numel():
-        kth = torch.topk(probs, top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, 0.0)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        outside = sorted_probs.cumsum(0) - sorted_probs > top_p * sorted_probs.sum()
-        probs = probs.scatter(0, order[outside], 0.0)
-    if min_p > 0.0:
-        probs = torch.where(probs >= min_p * probs.max(), probs, 0.0)
-    return probs
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little"))

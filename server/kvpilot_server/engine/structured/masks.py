@@ -31,11 +31,14 @@ class StepMasks:
             elif seq_id in self.rows:
                 picked.append(i)
                 sources.append(self.rows[seq_id])
+        if not picked:
+            return failed
+        # The grammar's words live on the host (llguidance fills them); the logits may not.
+        bias = biases(self.bitmask[sources], logits.shape[-1]).to(logits.device)
         if len(picked) == logits.shape[0]:  # every row constrained: no gather and scatter
-            logits += biases(self.bitmask[sources], logits.shape[-1])
-        elif picked:
-            index = torch.tensor(picked)
-            logits[index] += biases(self.bitmask[sources], logits.shape[-1])
+            logits += bias
+        else:
+            logits[torch.tensor(picked, device=logits.device)] += bias
         return failed
 
 
