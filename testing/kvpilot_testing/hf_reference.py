@@ -38,8 +38,8 @@ def hf_greedy_of(model, prompt: list[int], max_new_tokens: int) -> list[int]:
 
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=model.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             pad_token_id=model.config.eos_token_id,
