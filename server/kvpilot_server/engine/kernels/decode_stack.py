@@ -24,14 +24,18 @@ from kvpilot_server.engine.layers.quant import KERNEL_MAX_ROWS, WeightOnlyLinear
 def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
     """A llama.LlamaForCausalLM's stack (a csrc DecodeStack holding its weights), or None when
     some part of the model is not one the stack runs. Build it once the weights are final."""
-    cfg, kernel = model.cfg, cpu_kernels.load()
-    weight = model.norm.weight
-    if kernel is None or model.tp.size != 1 or cfg.qk_norm or cfg.experts is not None:
+    cfg, weight = model.cfg, model.norm.weight
+    # The device first: loading the kernels may compile them, which a CUDA model must never
+    # wait for (its first request would).
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return None
+    if model.tp.size != 1 or cfg.qk_norm or cfg.experts is not None:
         return None
     # Gemma (models/gemma.py): four norms a layer, gelu gates, its own query scale.
     if cfg.activation != "silu" or cfg.attention_scale is not None:
         return None
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+    kernel = cpu_kernels.load()
+    if kernel is None:
         return None
     stack = kernel.DecodeStack(
         cfg.num_heads,

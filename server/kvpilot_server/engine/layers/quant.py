@@ -34,6 +34,7 @@ SUPPORTED = tuple(precision.QUANTIZATIONS)
 GROUP_SIZES = precision.INT4_GROUP_SIZES
 KERNEL_MAX_ROWS = 16  # measured on SmolLM2's matrices: the kernels win up to here
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_DIM_MULTIPLE = 16  # torch._scaled_mm wants both dimensions of the weight in multiples of 16
 FLOAT16_TINY = torch.finfo(torch.float16).tiny  # an int4 group's smallest scale
 
 
@@ -248,7 +249,14 @@ def quantize(
         return
     layers = decoder_linears(model)
     for owner, name in layers:  # every check before any change: never a half-quantized model
-        inputs = getattr(owner, name).in_features
+        inputs, outputs = getattr(owner, name).in_features, getattr(owner, name).out_features
+        if method == "fp8" and (inputs % FP8_DIM_MULTIPLE or outputs % FP8_DIM_MULTIPLE):
+            # torch._scaled_mm's rule; under tensor parallelism these are this rank's shares.
+            raise ConfigError(
+                f"fp8 weights need every layer's inputs and outputs in multiples of "
+                f"{FP8_DIM_MULTIPLE}; {name} has {inputs} inputs and {outputs} outputs here "
+                "(with tensor parallelism, per GPU): use int8, or another tensor parallel size"
+            )
         if method == "int4" and inputs % group:
             fits = [g for g in GROUP_SIZES if inputs % g == 0]
             raise ConfigError(

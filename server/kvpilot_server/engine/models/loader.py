@@ -26,8 +26,11 @@ def load_model(
     check(cfg, tp.size)
     with torch.device("meta"):
         model = model_class(cfg)(local_config(cfg, tp.size), tp)
-    model.to_empty(device=device)
+    # The dtype first, still on meta: the weights are then allocated once, in their final
+    # dtype, on the device (float32 first and a cast after would leave a caching allocator
+    # holding the float32 blocks, memory the KV cache is then sized without).
     model.to(dtype)
+    model.to_empty(device=device)
     if cfg.tie_word_embeddings or cfg.base_model:  # a base model has no head: it only pools
         model.lm_head.weight = model.embed_tokens.weight
     tensors = _read_tensors(path)

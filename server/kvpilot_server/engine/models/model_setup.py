@@ -3,6 +3,7 @@ under tensor parallelism) with its quantization, and a KV cache block count all 
 
 import ctypes
 import logging
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -94,7 +95,19 @@ def cpu_kernel(device: torch.device, dtype: torch.dtype, head_dim: int) -> Modul
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.version.cuda and _gpu_present():
+            # torch says no CUDA, with a GPU in the machine: most often a wheel built for a newer
+            # CUDA than the driver runs. Serving on the CPU then is a slow surprise: said aloud.
+            log.warning(
+                "device auto: this machine has an NVIDIA GPU, but torch %s (built for CUDA %s) "
+                "cannot use it, so the model runs on the CPU; a driver older than the wheel's "
+                "CUDA is the usual cause (nvidia-smi shows the driver's CUDA version)",
+                torch.__version__,
+                torch.version.cuda,
+            )
+        return torch.device("cpu")
     try:
         device = torch.device(name)
     except RuntimeError as exc:
@@ -104,6 +117,22 @@ def resolve_device(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"Device type {device.type!r} is not supported: use cpu or cuda")
     return device
+
+
+def _gpu_present() -> bool:
+    """An NVIDIA device node, or a container runtime that was asked for GPUs."""
+    visible = os.environ.get("NVIDIA_VISIBLE_DEVICES", "")
+    return Path("/dev/nvidia0").exists() or visible not in ("", "void", "none")
+
+
+def describe_device(device: torch.device) -> str:
+    """The device in a start-up line's words: a GPU's name, capability and memory."""
+    if device.type != "cuda":
+        return str(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    major, minor = torch.cuda.get_device_capability(device)
+    name = torch.cuda.get_device_name(device)
+    return f"{device} ({name}, compute capability {major}.{minor}, {total / 2**30:.0f} GiB)"
 
 
 def dtype_name(name: str, device: torch.device) -> str:

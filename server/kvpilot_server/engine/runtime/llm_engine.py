@@ -33,6 +33,7 @@ from kvpilot_server.engine.models.model_setup import (
     build_model,
     count_blocks,
     cpu_kernel,
+    describe_device,
     dtype_name,
     resolve_device,
     resolve_dtype,
@@ -83,7 +84,9 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        # Decided and said before anything is built or compiled.
         self.device = resolve_device(config.device)
+        log.info("device %s: %s", config.device, describe_device(self.device))
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.dtype_name = dtype_name(config.dtype, self.device)  # auto resolved; ranks get it
         meaning = self.dtype_name
