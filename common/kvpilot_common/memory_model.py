@@ -7,7 +7,8 @@ weights   = params in the linear layers x bytes per weight (quantization; int4 a
             (tied: the embedding reads the same int8 table; untied: it keeps the model dtype)
 kv/token  = 2 (K and V) x layers x kv_heads x (head_dim x bytes per KV element
             + a float32 scale when the KV cache is quantized: one per token per kv head)
-kv budget = (device memory - weights - runtime headroom) x kv fraction
+kv budget = (device memory - weights - runtime headroom - a GPU step's workspace) x kv fraction
+            (the workspace: step_memory.py; the engine measures what is free instead)
 
 With tensor parallelism over N GPUs every figure is per GPU: the decoder's linear layers are
 split N ways, the embedding and lm_head are replicated (engine/distributed/sharding.py says
@@ -36,7 +37,8 @@ from kvpilot_common.experts import from_config as read_experts
 MiB = 1 << 20
 GiB = 1 << 30
 
-# Activations, CUDA context, allocator slack: kept free besides weights and KV cache.
+# The CUDA context, the allocator's slack, the libraries' own buffers (cuBLAS workspaces): kept
+# free besides weights, KV cache and a step's workspace (step_memory.py).
 RUNTIME_HEADROOM_BYTES = 2 * GiB
 
 # Usable memory of one GPU, MiB (what nvidia-smi reports as total).
@@ -253,6 +255,12 @@ def kv_bytes_per_token(
     return 2 * shape.layers * kv_heads * per_head
 
 
+def kv_cache_budget(free_bytes: int, workspace_bytes: int, fraction: float) -> int:
+    """Bytes the KV cache may take of what is free once the weights are in place: the
+    fraction of what a step's workspace (step_memory.py) leaves."""
+    return int(max(0, free_bytes - workspace_bytes) * fraction)
+
+
 def _dtype_bytes(dtype: str) -> int:
     size = precision.DTYPES[dtype].bytes
     if size is None:  # auto: the caller resolves it (precision.resolve_dtype), knowing the device
@@ -273,15 +281,18 @@ def plan(
     lm_head_quantization: str = precision.DEFAULT_LM_HEAD_QUANTIZATION,
     tensor_parallel_size: int = 1,
     adapter_bytes: int = 0,  # LoRA slots (lora_slot_bytes), counted whole on every GPU
+    workspace_bytes: int = 0,  # a GPU step's transient memory (step_memory.py)
 ) -> Plan:
     """memory_bytes and headroom_bytes are one GPU's; the model spans tensor_parallel_size."""
     size = tensor_parallel_size
     weights = weight_bytes(shape, dtype, quantization, group_size, lm_head_quantization, size)
     free = memory_bytes - weights - headroom_bytes - adapter_bytes
+    kv = kv_cache_budget(free, workspace_bytes, kv_fraction)
     return Plan(
         weight_bytes=weights,
         kv_bytes_per_token=kv_bytes_per_token(shape, dtype, kv_cache_dtype, size),
-        kv_cache_bytes=int(free * kv_fraction) if free > 0 else free,
+        # Negative: how far the weights alone are over (the plan says so in words).
+        kv_cache_bytes=kv if free > 0 else free,
         max_model_len=max_model_len,
         tensor_parallel_size=size,
         adapter_bytes=adapter_bytes,

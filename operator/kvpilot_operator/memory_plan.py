@@ -15,6 +15,7 @@ from kvpilot_common.memory_model import (
     lora_slot_bytes,
     plan,
 )
+from kvpilot_common.step_memory import workspace_of
 from kvpilot_operator.spec import Spec
 
 # On CPU the pod's memory limit is the device: the process itself (Python, torch, tokenizer)
@@ -49,6 +50,13 @@ def replica_plan(spec: Spec, shape: ModelShape, memory: int) -> Plan:
     engine = spec.engine
     dtype = precision.resolve_dtype(DTYPES[engine.dtype].name, gpu)
     slots = lora_slot_bytes(shape, engine.max_loras, engine.max_lora_rank, dtype)
+    size = spec.tensor_parallel_size if gpu else 1
+    # A GPU engine sizes its cache around a step's workspace; a CPU pod's headroom covers it.
+    workspace = (
+        workspace_of(shape, dtype, engine.max_num_batched_tokens, engine.max_num_seqs, size)
+        if gpu
+        else 0
+    )
     return plan(
         shape,
         memory,
@@ -59,8 +67,9 @@ def replica_plan(spec: Spec, shape: ModelShape, memory: int) -> Plan:
         kv_cache_dtype=KV_CACHE_DTYPES[engine.kv_cache_dtype].name,
         lm_head_quantization=LM_HEAD_QUANTIZATIONS[engine.lm_head_quantization].name,
         kv_fraction=engine.kv_cache_memory_percent / 100,
-        tensor_parallel_size=spec.tensor_parallel_size if gpu else 1,
+        tensor_parallel_size=size,
         adapter_bytes=slots if spec.adapters else 0,
+        workspace_bytes=workspace,
         **({} if gpu else {"headroom_bytes": CPU_HEADROOM_BYTES}),
     )
 

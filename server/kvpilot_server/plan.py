@@ -17,6 +17,8 @@ from kvpilot_common.memory_model import (
     unserved,
 )
 from kvpilot_common.naming import BUNDLED_MODEL
+from kvpilot_common.step_memory import workspace_of
+from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine_args import parse_bytes
 
 
@@ -55,7 +57,14 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
         help="int8: lm_head (and tied embeddings) at one byte per weight",
     )
     parser.add_argument("--max-model-len", type=int, help="default: the model's own limit")
-    parser.add_argument("--kv-cache-memory-fraction", type=float, default=0.9)
+    parser.add_argument(
+        "--kv-cache-memory-fraction", type=float, default=EngineConfig.kv_cache_memory_fraction
+    )
+    # What a step's workspace is sized for (kvpilot_common.step_memory): the engine's limits.
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
     parser.add_argument(
         "--tensor-parallel-size",
         type=int,
@@ -86,6 +95,9 @@ def run_plan(args: argparse.Namespace) -> int:
         raise SystemExit(f"kvpilot plan: {args.model}: {refused}")
     memory = args.gpu_memory or GPU_MEMORY_MIB[args.gpu_type or "H100-80GB"] * MiB
     max_len = args.max_model_len or shape.max_position
+    workspace = workspace_of(
+        shape, args.dtype, args.max_num_batched_tokens, args.max_num_seqs, size
+    )
     p = plan(
         shape,
         memory,
@@ -97,6 +109,7 @@ def run_plan(args: argparse.Namespace) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         kv_fraction=args.kv_cache_memory_fraction,
         tensor_parallel_size=size,
+        workspace_bytes=workspace,
     )
     problem = unserved(shape)
     result = {
@@ -114,6 +127,7 @@ def run_plan(args: argparse.Namespace) -> int:
         "tensor_parallel_size": size,
         "device_memory_mib": memory // MiB,  # this and the next three: per GPU
         "weights_mib": p.weight_bytes // MiB,
+        "step_workspace_mib": workspace // MiB,
         "kv_bytes_per_token": p.kv_bytes_per_token,
         "kv_cache_mib": max(0, p.kv_cache_bytes) // MiB,
         "kv_cache_tokens": p.kv_tokens,

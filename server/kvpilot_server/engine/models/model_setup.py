@@ -11,6 +11,8 @@ import torch
 
 from kvpilot_common import precision
 from kvpilot_common.errors import ConfigError
+from kvpilot_common.memory_model import kv_cache_budget
+from kvpilot_common.step_memory import step_workspace_bytes
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.distributed.group import TensorParallel, agree_min
 from kvpilot_server.engine.distributed.sharding import (
@@ -24,6 +26,7 @@ from kvpilot_server.engine.layers.quant import quantize
 from kvpilot_server.engine.lora import layers as lora_layers
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.loader import load_model
+from kvpilot_server.engine.models.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +73,42 @@ def count_blocks(
     device: torch.device,
     tp: TensorParallel,
 ) -> int:
-    """KV blocks this rank's budget holds (kv_cache_bytes, or a fraction of free GPU memory, per
-    rank), the smallest over the ranks: they share one block table."""
+    """KV blocks this rank's budget holds (kv_cache_bytes on CPU; on a GPU, the fraction of its
+    free memory that a step's workspace leaves), the smallest over the ranks: they share one
+    block table."""
     per_block = kv_cache.bytes_per_block(
         model.cfg, dtype, device, config.block_size, config.kv_cache_dtype
     )
     if device.type == "cuda":
+        # Blocks the caching allocator holds but nothing uses (loading's) are free to the cache.
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
-        blocks = int(free * config.kv_cache_memory_fraction) // per_block
+        budget = kv_cache_budget(
+            free, workspace(config, model.cfg, dtype), config.kv_cache_memory_fraction
+        )
+        blocks = budget // per_block
     else:
         blocks = config.kv_cache_bytes // per_block
     return agree_min(blocks, tp)
+
+
+def workspace(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """A step's transient bytes on this rank (kvpilot_common.step_memory: the same rule
+    `kvpilot plan` and the operator's fit check count), from this rank's share of the model."""
+    experts = cfg.experts
+    mlp = cfg.intermediate_size
+    if experts is not None:
+        mlp = experts.top_k * experts.width + experts.shared_width
+    return step_workspace_bytes(
+        hidden=cfg.hidden_size,
+        q=cfg.num_heads * cfg.head_dim,
+        kv=cfg.num_kv_heads * cfg.head_dim,
+        mlp=mlp,
+        vocab=cfg.vocab_size,
+        item=dtype.itemsize,
+        tokens=config.max_num_batched_tokens,
+        seqs=config.max_num_seqs,
+    )
 
 
 def cpu_kernel(device: torch.device, dtype: torch.dtype, head_dim: int) -> ModuleType | None:
