@@ -9,6 +9,7 @@ import torch
 
 from kvpilot_common import precision
 from kvpilot_server import SamplingParams
+from kvpilot_server.engine.models.model_setup import workspace
 from kvpilot_testing.gpu_models import engine, random_weights_on_device, release
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -157,15 +158,27 @@ def throughput(device: torch.device, path: Path, counts: tuple[int, ...], new: i
 
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     report: dict = {}
+    ok = True
     for count in counts:
         llm = engine(path, device, dtype=dtype)
         vocab = min(len(llm.tokenizer), 49152)
         prompts = _prompts(count, 64, vocab, seed=count)
         params = SamplingParams(max_tokens=new, **GREEDY)
         llm.generate(prompts[:2], SamplingParams(max_tokens=2, **GREEDY))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            held = torch.cuda.memory_allocated(device)  # weights and KV cache
         start = time.perf_counter()
         llm.generate(prompts, params)
         ours = count * new / (time.perf_counter() - start)
+        memory = {}
+        if device.type == "cuda":
+            # What the steps took beyond weights and cache, beside the rule the cache was sized
+            # around (model_setup.workspace): the rule must not be the smaller.
+            peak = torch.cuda.max_memory_allocated(device) - held
+            rule = workspace(llm.engine.config, llm.engine.model.cfg, llm.engine.dtype)
+            memory = {"step_peak_mib": peak >> 20, "workspace_rule_mib": rule >> 20}
+            ok &= peak <= rule
         release(llm)
         hf = (
             AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
@@ -187,9 +200,9 @@ def throughput(device: torch.device, path: Path, counts: tuple[int, ...], new: i
             _sync(device)
         theirs = count * new / (time.perf_counter() - start)
         release(hf)
-        report[f"prompts_{count}"] = {
+        report[f"prompts_{count}"] = memory | {
             "kvpilot_tok_s": round(ours, 1),
             "hf_tok_s": round(theirs, 1),
             "speedup": round(ours / theirs, 2),
         }
-    return {"ok": True, **report}
+    return {"ok": ok, **report}
