@@ -50,6 +50,11 @@ def engine(path: Path, device: torch.device, **settings) -> LLM:
     return LLM(str(path), device=str(device), **room, **settings)
 
 
+def attention_path(llm: LLM) -> str:
+    """Which attention the engine serves with: the flash path passed its start-up self-test."""
+    return "flash" if llm.engine.runner.flash else "reference"
+
+
 def release(*objects) -> None:
     del objects
     gc.collect()
@@ -158,6 +163,7 @@ def hf_equivalence(device: torch.device, path: Path, new_tokens: int) -> dict:
         )[..., 0]
         ours = torch.tensor([[s.logprob for s in o.prompt_logprobs[1:]] for o in scored])
         long_prompt = _prompts(llm.tokenizer, 1, 700, seed=2)[0]
+        attention = attention_path(llm)
         release(llm)
         chunked = engine(path, device, dtype=dtype, max_num_batched_tokens=128)
         long_ours = chunked.generate(long_prompt, greedy)[0].outputs[0].token_ids
@@ -166,6 +172,7 @@ def hf_equivalence(device: torch.device, path: Path, new_tokens: int) -> dict:
         same = [a == b for a, b in zip(first, want, strict=True)]
         agreement = sum(_common_prefix(a, b) for a, b in zip(first, want, strict=True))
         report[dtype] = {
+            "attention": attention,
             "identical_sequences": f"{sum(same)}/{len(same)}",
             "first_divergence_agreement": round(agreement / (len(want) * new_tokens), 4),
             "prefix_cache_same_as_first": again == first,

@@ -10,7 +10,7 @@ import torch
 from kvpilot_common import precision
 from kvpilot_server import SamplingParams
 from kvpilot_server.engine.models.model_setup import workspace
-from kvpilot_testing.gpu_models import engine, random_weights_on_device, release
+from kvpilot_testing.gpu_models import attention_path, engine, random_weights_on_device, release
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -116,6 +116,7 @@ def batch1_decode(device: torch.device, path: Path, contexts: tuple[int, ...]) -
     )
     vocab = min(len(llm.tokenizer), 49152)
     report: dict = {
+        "attention": attention_path(llm),
         "weight_gib": round(weight_bytes / 2**30, 3),
         "copy_gb_per_s": round(bandwidth / 1e9, 1),
     }

@@ -1,4 +1,4 @@
-"""Paged attention, CPU reference path.
+"""Paged attention, the reference path (on CUDA, flash_attention.py's serves where it can).
 
 New K/V are written into their cache slots first; each query then attends to its sequence's
 keys gathered through the block table. Decodes (one query each) run in a few padded groups of
@@ -24,6 +24,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from kvpilot_server.engine.layers import flash_attention
+from kvpilot_server.engine.layers.flash_attention import FlashBatch
 from kvpilot_server.engine.layers.kv_cache import LayerCache, dequantize, raw_bytes
 
 
@@ -55,6 +57,8 @@ class AttentionMetadata:
     kernel: ModuleType | None = None  # compiled CPU decode kernel, when available
     decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+    # Set on CUDA where the flash path serves (flash_attention.py): then it is all there is.
+    flash: FlashBatch | None = None
 
 
 class Workspace:
@@ -100,6 +104,8 @@ def paged_attention(
     sinks: torch.Tensor | None = None,  # [heads] one more logit per head; None: no sinks
 ) -> torch.Tensor:
     cache.write(meta.slot_mapping, k, v, meta.kernel)
+    if meta.flash is not None:
+        return flash_attention.attend(q, cache, meta.flash, meta.window, scale)
     extra = softcap, sinks
     if len(meta.decodes) == 1 and not meta.prefills:  # the common pure-decode step
         return _decode(q, cache, meta, meta.decodes[0], workspace, scale, *extra)

@@ -6,12 +6,14 @@ parallelism rank 0 plans and every rank executes the same plan (engine/distribut
 sends it): ranks share the block tables, each holding its own KV heads of every block.
 """
 
+import logging
 from collections.abc import Callable
 from types import ModuleType
 from typing import NoReturn, Protocol
 
 import torch
 
+from kvpilot_server.engine.layers import flash_attention
 from kvpilot_server.engine.layers.attention import (
     AttentionMetadata,
     DecodeGroup,
@@ -24,8 +26,11 @@ from kvpilot_server.engine.lora.adapter import LoraAdapter
 from kvpilot_server.engine.lora.slots import LoraSlots
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.model_config import rope_tables
+from kvpilot_server.engine.runtime import flash_check
 from kvpilot_server.engine.runtime.scheduler_output import ScheduledSeq, SchedulerOutput, StepPlan
 from kvpilot_server.engine.runtime.sequence import Sequence
+
+log = logging.getLogger(__name__)
 
 # (sequence, rows of the logits, position of the prompt token the first row predicts); for an
 # embedding (seq.pooled), rows of hidden states and the position of the first row's token.
@@ -71,6 +76,16 @@ class ModelRunner:
         self.kernel = None if eager else kernel
         self.peers = peers  # tensor parallelism: every plan goes to the other ranks first
         self.lora, self.load_adapter = lora, load_adapter
+        quantized = kv_cache[0].k_scale is not None
+        refused = flash_attention.unusable(self.device, dtype, quantized, eager)
+        self.flash = not refused
+        if self.flash:
+            refused = flash_attention.self_test(lambda: flash_check.both_attentions(self))
+            self.flash = not refused
+        if self.device.type == "cuda":
+            log.info(
+                "attention: %s", "flash (varlen, paged)" if self.flash else f"reference ({refused})"
+            )
 
     @torch.inference_mode()
     def run(
@@ -185,6 +200,10 @@ class ModelRunner:
     def _metadata(
         self, ordered: list[ScheduledSeq], slots: torch.Tensor, window: int | None
     ) -> AttentionMetadata:
+        if self.flash:
+            entries = [(seq.computed, seq.n, seq.block_table) for seq in ordered]
+            batch = flash_attention.batch_of(entries, self.device)
+            return AttentionMetadata(slot_mapping=slots, window=window, flash=batch)
         meta = AttentionMetadata(slot_mapping=slots, window=window, kernel=self.kernel)
         decodes = [seq for seq in ordered if seq.n == 1]
         start = 0

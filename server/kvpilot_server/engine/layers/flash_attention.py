@@ -1,0 +1,118 @@
+"""Paged attention on CUDA: one varlen flash-attention call per layer for every decode and
+prefill chunk of a step, reading K and V in place through the block table.
+
+The reference path (attention.py) gathers each decode group's padded blocks into a workspace
+and runs SDPA with a boolean mask, which on a GPU reads the cache about three times over and,
+for a masked prefill with grouped-query heads, falls to SDPA's math backend.
+torch.nn.attention.varlen.varlen_attn takes kvpilot's cache as it is laid out ([pages,
+page_size, kv_heads, head_dim]) with an int32 block table and each sequence's length
+(seqused_k), aligns a chunk's causal mask to the end of its context (a later chunk attends to
+everything cached before it), and has sliding windows (kvpilot's window w: flash's left window
+w - 1, the query's own key included) and grouped-query heads.
+
+It serves where it can: CUDA, a 16-bit model, an unquantized cache, no logit softcap or sinks
+(Gemma 2, gpt-oss keep the reference path), a torch whose varlen_attn takes a block table. And
+only once it has agreed with the reference path on the model's own head shape at start
+(`self_test`): code that has never run on this GPU must not be able to take the server down, so
+any disagreement or error is logged and the reference path serves instead.
+"""
+
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+# bfloat16 against bfloat16: two summation orders of the same products.
+AGREEMENT = 0.02
+
+
+@dataclass
+class FlashBatch:
+    """A step's sequences as varlen_attn reads them, in the step's row order."""
+
+    cu_seq_q: torch.Tensor  # [N + 1] int32: sequence i's queries are rows [cu[i], cu[i + 1])
+    seqused_k: torch.Tensor  # [N] int32: keys each attends to (its own included)
+    block_table: torch.Tensor  # [N, pages] int32, padded with block 0
+    max_q: int
+    max_k: int
+
+
+def _varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn if "block_table" in inspect.signature(varlen_attn).parameters else None
+
+
+def unusable(device: torch.device, dtype: torch.dtype, quantized_cache: bool, eager: bool) -> str:
+    """Why the flash path cannot serve this model here, or '' when it may (pending self_test)."""
+    if device.type != "cuda":
+        return "not a CUDA device"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"flash attention needs a 16-bit model, not {dtype}"
+    if quantized_cache:
+        return "a quantized KV cache is read by the reference path"
+    if eager:
+        return "logit softcapping or attention sinks need the reference path's eager softmax"
+    if _varlen() is None:
+        return f"torch {torch.__version__}'s varlen_attn takes no block table"
+    return ""
+
+
+def batch_of(entries: list[tuple[int, int, list[int]]], device: torch.device) -> FlashBatch:
+    """(tokens cached before the step, tokens in the step, block table) per sequence."""
+    pages = max(len(table) for _, _, table in entries)
+    queries = [n for _, n, _ in entries]
+    cu = [0]
+    for n in queries:
+        cu.append(cu[-1] + n)
+    lengths = [computed + n for computed, n, _ in entries]
+    tables = [table + [0] * (pages - len(table)) for _, _, table in entries]
+    as_int = dict(dtype=torch.int32, device=device)
+    return FlashBatch(
+        torch.tensor(cu, **as_int),
+        torch.tensor(lengths, **as_int),
+        torch.tensor(tables, **as_int),
+        max(queries),
+        max(lengths),
+    )
+
+
+def attend(
+    q: torch.Tensor, cache, batch: FlashBatch, window: int | None, scale: float | None
+) -> torch.Tensor:
+    """q [N, heads, head_dim] against the cache (this step's K/V already written to it)."""
+    varlen_attn = _varlen()
+    assert varlen_attn is not None
+    left = -1 if window is None else window - 1
+    return varlen_attn(
+        q,
+        cache.k,
+        cache.v,
+        batch.cu_seq_q,
+        None,
+        batch.max_q,
+        batch.max_k,
+        scale=scale,
+        window_size=(left, 0),
+        enable_gqa=True,
+        seqused_k=batch.seqused_k,
+        block_table=batch.block_table,
+    )
+
+
+def self_test(run_both: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> str:
+    """'' when the fast path agrees with the reference on a small step (run_both returns
+    (fast, reference) outputs); else why not, in words, for the log."""
+    try:
+        fast, reference = run_both()
+        error = float((fast.float() - reference.float()).norm() / reference.float().norm())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    if not error < AGREEMENT:  # NaN included
+        return f"it disagrees with the reference path (relative error {error:.3g})"
+    return ""
