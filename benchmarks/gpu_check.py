@@ -17,7 +17,10 @@ tree (git-ignored), then run there with the checkout's packages on the path:
     .venv/bin/python benchmarks/gpu_check.py --prepare .gpu         # here, once
     pip install --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl   # there
     PYTHONPATH=/tmp/site:server:common:testing:bench HF_HUB_OFFLINE=1 KVPILOT_CPU_KERNELS=0 \
-        python3 benchmarks/gpu_check.py --tokenizer .gpu/tokenizer --out "$OUT"
+        python3 benchmarks/gpu_check.py --tokenizer .gpu/tokenizer --out "$OUT" --record
+
+`--record` writes benchmarks/results/gpu_check.json (docs/benchmarks.md is rendered from it) and
+a copy beside the stages' files in --out, which is what comes back from a device machine.
 """
 
 import argparse
@@ -198,6 +201,9 @@ def prepare(target: Path) -> None:
 
 
 def main() -> int:
+    from kvpilot_testing import results as results_module
+
+    run = results_module.Run.start("gpu_check")  # first: the load at start
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a rehearsal)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")))
@@ -205,6 +211,7 @@ def main() -> int:
     parser.add_argument("--stages", help="comma-separated subset, in the order above")
     parser.add_argument("--budget-scale", type=float, default=1.0, help="multiplies each budget")
     parser.add_argument("--prepare", type=Path, help="write the travelling folder and stop")
+    results_module.add_argument(parser)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.prepare:
@@ -230,7 +237,39 @@ def main() -> int:
                 results.append(run_stage(name, budget, fn, args.out, index))
     summary = {r["stage"]: {"ok": r["ok"], "seconds": r["seconds"]} for r in results}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if args.record:
+        done = {r["stage"]: r for r in results}
+        baseline = "the bandwidth bound (decode), Hugging Face generate (throughput)"
+        path = run.record(headline(done), baseline, done)
+        # Beside the stages too: from a device machine only --out comes back.
+        (args.out / path.name).write_text(path.read_text())
     return 0 if all(r["ok"] for r in results) else 1
+
+
+def headline(done: dict[str, dict]) -> list:
+    """The figures docs/benchmarks.md shows: each stage passed or not, decode against the
+    bound, throughput against Hugging Face."""
+    from kvpilot_testing.results import figure
+
+    rows = [figure(f"{name} passed", "bool", int(bool(r["ok"]))) for name, r in done.items()]
+    for key, value in done.get("decode", {}).items():
+        if key.startswith("context_") and isinstance(value, dict):
+            rows.append(
+                figure(
+                    f"batch-1 decode, {key}",
+                    "ms/token",
+                    value.get("ms_per_token"),
+                    value.get("bound_ms"),
+                )
+            )
+    for key, value in done.get("throughput", {}).items():
+        if key.startswith("prompts_") and isinstance(value, dict):
+            rows.append(
+                figure(
+                    f"throughput, {key}", "tok/s", value.get("kvpilot_tok_s"), value.get("hf_tok_s")
+                )
+            )
+    return rows
 
 
 if __name__ == "__main__":

@@ -188,7 +188,9 @@ def throughput(device: torch.device, path: Path, counts: tuple[int, ...], new: i
         )
         ids = torch.tensor(prompts, device=device)
         with torch.inference_mode():
-            hf.generate(ids[:2], max_new_tokens=2, do_sample=False)
+            hf.generate(
+                ids[:2], attention_mask=torch.ones_like(ids[:2]), max_new_tokens=2, do_sample=False
+            )
             _sync(device)
             start = time.perf_counter()
             hf.generate(
