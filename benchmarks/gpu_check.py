@@ -201,9 +201,9 @@ def prepare(target: Path) -> None:
 
 
 def main() -> int:
-    from kvpilot_testing import results as results_module
+    from kvpilot_testing import results
 
-    run = results_module.Run.start("gpu_check")  # first: the load at start
+    run = results.Run.start("gpu_check")  # first: the load at start
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a rehearsal)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")))
@@ -211,7 +211,7 @@ def main() -> int:
     parser.add_argument("--stages", help="comma-separated subset, in the order above")
     parser.add_argument("--budget-scale", type=float, default=1.0, help="multiplies each budget")
     parser.add_argument("--prepare", type=Path, help="write the travelling folder and stop")
-    results_module.add_argument(parser)
+    results.add_argument(parser)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.prepare:
@@ -229,21 +229,21 @@ def main() -> int:
         tokenizer = resolve_model(BUNDLED_MODEL)
     args.out.mkdir(parents=True, exist_ok=True)
     chosen = set(args.stages.split(",")) if args.stages else None
-    results = []
+    stage_results = []
     with tempfile.TemporaryDirectory(prefix="kvpilot-gpu-check-") as work:
         for index, (name, fn) in enumerate(stages(device, tokenizer, Path(work)).items()):
             if chosen is None or name in chosen:
                 budget = STAGE_BUDGET_S[name] * args.budget_scale
-                results.append(run_stage(name, budget, fn, args.out, index))
-    summary = {r["stage"]: {"ok": r["ok"], "seconds": r["seconds"]} for r in results}
+                stage_results.append(run_stage(name, budget, fn, args.out, index))
+    summary = {r["stage"]: {"ok": r["ok"], "seconds": r["seconds"]} for r in stage_results}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     if args.record:
-        done = {r["stage"]: r for r in results}
+        done = {r["stage"]: r for r in stage_results}
         baseline = "the bandwidth bound (decode), Hugging Face generate (throughput)"
         path = run.record(headline(done), baseline, done)
         # Beside the stages too: from a device machine only --out comes back.
         (args.out / path.name).write_text(path.read_text())
-    return 0 if all(r["ok"] for r in results) else 1
+    return 0 if all(r["ok"] for r in stage_results) else 1
 
 
 def headline(done: dict[str, dict]) -> list:
