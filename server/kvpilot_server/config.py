@@ -25,6 +25,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    # CUDA: decode steps replay graphs captured per batch size (engine/runtime/cuda_graphs.py);
+    # True runs every step eagerly (vLLM's name).
+    enforce_eager: bool = False
     quantization: str = precision.DEFAULT_QUANTIZATION
     # int4 only: weights per scale and minimum (why 32 by default: precision.py).
     quantization_group_size: int = precision.INT4_DEFAULT_GROUP_SIZE

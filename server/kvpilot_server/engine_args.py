@@ -21,6 +21,8 @@ _HELP = {
     "max_num_seqs": "most sequences in one step",
     "max_num_batched_tokens": "most tokens in one step (longer prompts are prefilled in chunks)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
+    "enforce_eager": "CUDA: run every step eagerly instead of replaying decode steps from CUDA "
+    "graphs captured per batch size",
     "quantization": "weight quantization: none, int8 or int4 (CPU; int4 decodes against int8 "
     f"activations per block of 32), fp8 ({_FP8})",
     "quantization_group_size": f"int4: weights per scale and minimum ({_GROUPS})",

@@ -51,8 +51,11 @@ def engine(path: Path, device: torch.device, **settings) -> LLM:
 
 
 def attention_path(llm: LLM) -> str:
-    """Which attention the engine serves with: the flash path passed its start-up self-test."""
-    return "flash" if llm.engine.runner.flash else "reference"
+    """Which attention the engine serves with (the flash path passed its start-up self-test),
+    and whether decode steps replay CUDA graphs (theirs passed too)."""
+    runner = llm.engine.runner
+    graphs = " + CUDA graphs" if runner.graphs is not None else ""
+    return ("flash" if runner.flash else "reference") + graphs
 
 
 def release(*objects) -> None:

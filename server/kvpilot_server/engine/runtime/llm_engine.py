@@ -38,7 +38,7 @@ from kvpilot_server.engine.models.model_setup import (
     resolve_device,
     resolve_dtype,
 )
-from kvpilot_server.engine.runtime import pooling, speculative
+from kvpilot_server.engine.runtime import cuda_graphs, pooling, speculative
 from kvpilot_server.engine.runtime.block_pool import BlockPool
 from kvpilot_server.engine.runtime.detokenizer import Detokenizer
 from kvpilot_server.engine.runtime.inputs import InputProcessor
@@ -123,8 +123,10 @@ class LLMEngine:
         num_blocks = count_blocks(config, self.model, self.dtype, self.device, tp)
         if self.workers is not None:
             self.workers.ready = True  # they now wait for plans (or the stop)
-        config.check_against_model(cfg.max_position_embeddings, num_blocks)
-        self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+        graphs = cuda_graphs.wanted(self.device, config.enforce_eager)
+        pooled = num_blocks - 1 if graphs else num_blocks  # the last: the graphs' padding rows'
+        config.check_against_model(cfg.max_position_embeddings, pooled)
+        self.pool = BlockPool(pooled, config.block_size, config.enable_prefix_caching)
         self.lora = None
         if self.model.lora is not None:
             self.lora = LoraSlots(self.model.lora[1], self.model.lora[0], config.max_loras)
@@ -154,6 +156,10 @@ class LLMEngine:
             self.workers,
             self.lora,
         )
+        if graphs:
+            self.runner.graphs = cuda_graphs.build(
+                self.runner, config.max_num_seqs, self.max_model_len, scratch_block=pooled
+            )
         self.sampler = Sampler(cfg.eos_token_ids, config.seed)
         self.inputs = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)
         self.grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, cfg.eos_token_ids)

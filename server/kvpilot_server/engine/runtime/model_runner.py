@@ -27,6 +27,7 @@ from kvpilot_server.engine.lora.slots import LoraSlots
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.model_config import rope_tables
 from kvpilot_server.engine.runtime import flash_check
+from kvpilot_server.engine.runtime.cuda_graphs import DecodeGraphs
 from kvpilot_server.engine.runtime.scheduler_output import ScheduledSeq, SchedulerOutput, StepPlan
 from kvpilot_server.engine.runtime.sequence import Sequence
 
@@ -76,6 +77,7 @@ class ModelRunner:
         self.kernel = None if eager else kernel
         self.peers = peers  # tensor parallelism: every plan goes to the other ranks first
         self.lora, self.load_adapter = lora, load_adapter
+        self.graphs: DecodeGraphs | None = None  # set by the engine (cuda_graphs.build)
         quantized = kv_cache[0].k_scale is not None
         refused = flash_attention.unusable(self.device, dtype, quantized, eager)
         self.flash = not refused
@@ -163,9 +165,12 @@ class ModelRunner:
         return logits, sampling, draft_rows, prompt_rows
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan, logits: bool) -> torch.Tensor | None:
+    def execute(self, plan: StepPlan, logits: bool, eager: bool = False) -> torch.Tensor | None:
         """Run the model over a plan; logits=False (tensor-parallel workers) stops before the
-        vocabulary projection."""
+        vocabulary projection. A decode-only step replays a CUDA graph where one serves
+        (runtime/cuda_graphs.py), unless `eager`."""
+        if self.graphs is not None and logits and not eager and self.graphs.serves(plan):
+            return self.graphs.run(plan)
         pos = torch.tensor(plan.positions, device=self.device)
         slots = torch.tensor(plan.slots, device=self.device)
         metas = {w: self._metadata(plan.seqs, slots, w) for w in self.windows}

@@ -1,0 +1,212 @@
+"""Decode steps replayed from CUDA graphs, one captured per batch size of a ladder.
+
+A decode step of a small model on a GPU is bound by launching its kernels (tens per layer from
+Python), not by running them. A graph captured once per batch size replays the whole forward
+pass in one launch. What a graph reads lives in static buffers, refilled before each replay:
+token ids, positions, cache slots, and the flash path's sequence lengths and block tables
+(layers/flash_attention.py; graphs need it: the reference path's shapes change every step).
+A step of b sequences replays the smallest captured size that holds b; the rows past b are
+padding that writes its K/V into a scratch block no sequence owns and reads one key of it.
+
+Graphs serve only decode-only steps of the base model on one GPU with the flash path on;
+everything else (prefill, drafts, LoRA, tensor parallelism) runs eagerly, as does everything
+with `enforce_eager`. Before serving, a replay is compared with an eager run of the same step
+(`self_test`, on the scratch block): a graph that disagrees or fails is never served.
+"""
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kvpilot_server.engine.layers.attention import AttentionMetadata
+from kvpilot_server.engine.layers.flash_attention import FlashBatch
+from kvpilot_server.engine.runtime.scheduler_output import StepPlan
+
+log = logging.getLogger(__name__)
+LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def sizes_for(max_num_seqs: int) -> list[int]:
+    """The batch sizes captured: the ladder up to max_num_seqs, and max_num_seqs itself."""
+    return sorted({s for s in LADDER if s < max_num_seqs} | {max_num_seqs})
+
+
+def size_for(batch: int, sizes: list[int]) -> int | None:
+    """The smallest captured size holding `batch` rows, or None when none does."""
+    return next((s for s in sizes if s >= batch), None)
+
+
+class CudaGraph:
+    """torch.cuda.CUDAGraph behind the two verbs DecodeGraphs uses (a stand-in can take them)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = pool
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            return fn()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        runner,
+        max_num_seqs: int,
+        max_len: int,
+        scratch_block: int,
+        graph_factory: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.runner, self.scratch = runner, scratch_block
+        self.sizes = sizes_for(max_num_seqs)
+        device, top = runner.device, self.sizes[-1]
+        pages = -(-max_len // runner.block_size)
+        self.max_len = max_len
+        longs, ints = dict(dtype=torch.long, device=device), dict(dtype=torch.int32, device=device)
+        self.ids, self.positions = torch.zeros(top, **longs), torch.zeros(top, **longs)
+        self.slots, self.rows = torch.zeros(top, **longs), torch.arange(top, **longs)
+        self.cu_seq_q = torch.arange(top + 1, **ints)  # one query a sequence
+        self.seqused = torch.ones(top, **ints)
+        self.tables = torch.zeros(top, pages, **ints)
+        pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        factory = graph_factory or CudaGraph
+        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        for size in reversed(self.sizes):  # largest first: the smaller ones reuse its memory
+            graph = factory(pool)
+            self._pad(0, size)
+            self._forward(size)  # eager once first: lazy initialisations stay out of the graph
+            self.graphs[size] = (graph, graph.capture(lambda s=size: self._forward(s)))
+
+    def serves(self, plan: StepPlan) -> bool:
+        return (
+            plan.lora_rows is None
+            and all(seq.n == 1 for seq in plan.seqs)
+            and plan.rows == list(range(len(plan.seqs)))
+            and size_for(len(plan.seqs), self.sizes) is not None
+        )
+
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        """The step's logits, [len(plan.seqs), vocab], from the replayed graph."""
+        batch = len(plan.seqs)
+        size = size_for(batch, self.sizes)
+        assert size is not None
+        self._fill(plan)
+        self._pad(batch, size)
+        graph, out = self.graphs[size]
+        graph.replay()
+        return out[:batch]
+
+    def _fill(self, plan: StepPlan) -> None:
+        batch, device = len(plan.seqs), self.runner.device
+        values = torch.tensor(
+            [plan.ids, plan.positions, plan.slots, [s.computed + 1 for s in plan.seqs]]
+        )
+        self.ids[:batch].copy_(values[0].to(device, non_blocking=True))
+        self.positions[:batch].copy_(values[1].to(device, non_blocking=True))
+        self.slots[:batch].copy_(values[2].to(device, non_blocking=True))
+        self.seqused[:batch].copy_(values[3].to(device, non_blocking=True))
+        width = self.tables.shape[1]
+        tables = [
+            s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in plan.seqs
+        ]
+        self.tables[:batch].copy_(
+            torch.tensor(tables, dtype=torch.int32).to(device, non_blocking=True)
+        )
+
+    def _pad(self, start: int, size: int) -> None:
+        """Rows [start, size): token 0 at position 0, writing slot i of the scratch block and
+        attending to its first key."""
+        if start >= size:
+            return
+        block = self.runner.block_size
+        rows = torch.arange(start, size, device=self.slots.device)
+        self.ids[start:size] = 0
+        self.positions[start:size] = 0
+        self.slots[start:size] = self.scratch * block + rows % block
+        self.seqused[start:size] = 1
+        self.tables[start:size] = 0
+        self.tables[start:size, 0] = self.scratch
+
+    def _forward(self, size: int) -> torch.Tensor:
+        runner = self.runner
+        flash = FlashBatch(
+            self.cu_seq_q[: size + 1], self.seqused[:size], self.tables[:size], 1, self.max_len
+        )
+        slots = self.slots[:size]
+        metas = {
+            w: AttentionMetadata(slot_mapping=slots, window=w, flash=flash) for w in runner.windows
+        }
+        pos = self.positions[:size]
+        logits = runner.model(
+            self.ids[:size],
+            runner.cos[pos].unsqueeze(1),
+            runner.sin[pos].unsqueeze(1),
+            runner.kv_cache,
+            metas,
+            self.rows[:size],
+        )
+        assert logits is not None
+        return logits
+
+
+def wanted(device: torch.device, enforce_eager: bool) -> bool:
+    """Whether to try graphs at all: the engine keeps a scratch block for them then."""
+    return device.type == "cuda" and not enforce_eager
+
+
+def build(runner, max_num_seqs: int, max_len: int, scratch_block: int) -> DecodeGraphs | None:
+    """Graphs for this runner's decode steps, or None (said in the log) where they cannot serve
+    or their self-test fails."""
+    refused = ""
+    if not runner.flash:
+        refused = "the flash attention path is off"
+    elif runner.peers is not None or runner.model.tp.size > 1:
+        refused = "tensor parallelism"
+    elif runner.model.lora is not None:
+        refused = "LoRA adapters"
+    graphs = None
+    if not refused:
+        try:
+            with torch.inference_mode():  # as every step runs: no autograd state in a graph
+                graphs = DecodeGraphs(runner, max_num_seqs, max_len, scratch_block)
+                eager = lambda plan: runner.execute(plan, logits=True, eager=True)  # noqa: E731
+                refused = self_test(graphs, eager)
+        except Exception as exc:
+            refused = f"capture failed: {type(exc).__name__}: {exc}"[:300]
+    if refused:
+        log.info("CUDA graphs: off (%s); decode steps run eagerly", refused)
+        return None
+    log.info(
+        "CUDA graphs: decode steps of up to %d sequences (sizes %s)", graphs.sizes[-1], graphs.sizes
+    )
+    return graphs
+
+
+def self_test(graphs: DecodeGraphs, eager: Callable[[StepPlan], torch.Tensor]) -> str:
+    """'' when a replay gives the eager run's logits for the same step; else why not. The step's
+    rows write and read only the scratch block."""
+    from kvpilot_server.engine.runtime.scheduler_output import ScheduledSeq
+
+    block = graphs.runner.block_size
+    batch = min(block, graphs.sizes[-1], 5)
+    table = [graphs.scratch]
+    seqs = [ScheduledSeq(0, 1, 1, table) for _ in range(batch)]
+    plan = StepPlan(
+        ids=[7 + i for i in range(batch)],
+        positions=[0] * batch,
+        slots=[graphs.scratch * block + i for i in range(batch)],
+        rows=list(range(batch)),
+        seqs=seqs,
+    )
+    try:
+        want = eager(plan).float().clone()
+        got = graphs.run(plan).float()
+        error = float((got - want).norm() / want.norm())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    return "" if error < 0.02 else f"a replay disagrees with eager (relative error {error:.3g})"
