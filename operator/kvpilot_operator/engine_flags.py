@@ -88,4 +88,6 @@ def engine_args(spec: Spec, name: str) -> list[str]:
     # exits (a crash loop), so a value from the spec must never stand alone where it could look
     # like one.
     flat = [f"{flag}={value}" for flag, value in args.items()]
+    if engine.enforce_eager:
+        flat.append("--enforce-eager")
     return flat if engine.enable_prefix_caching else [*flat, "--no-enable-prefix-caching"]

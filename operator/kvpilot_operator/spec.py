@@ -81,6 +81,7 @@ class EngineSpec:
     max_model_len: int | None = None  # None: the model's own limit
     tensor_parallel_size: int | None = None  # None: Spec.tensor_parallel_size decides
     speculative_decoding: "SpeculativeSpec | None" = None
+    enforce_eager: bool = False  # GPU: no CUDA graphs
 
     @classmethod
     def of(cls, engine: Mapping[str, Any]) -> "EngineSpec":
@@ -95,6 +96,7 @@ class EngineSpec:
             max_num_batched_tokens=engine["maxNumBatchedTokens"],
             kv_cache_memory_percent=engine["kvCacheMemoryPercent"],
             enable_prefix_caching=engine["enablePrefixCaching"],
+            enforce_eager=engine["enforceEager"],
             max_waiting_requests=engine["maxWaitingRequests"],
             max_loras=engine["maxLoras"],
             max_lora_rank=engine["maxLoraRank"],

@@ -171,6 +171,11 @@ def test_the_servers_parser_reads_every_user_value_as_a_value(monkeypatch):
     assert server.served_model_name == "--help" and server.quantization == "int8"
     assert server.model == "/var/cache/kvpilot/models/Qwen/Qwen2.5-7B-Instruct"
     assert server.enable_prefix_caching is True and server.device == "cuda"
+    assert server.enforce_eager is False  # CUDA graphs unless asked otherwise
+    eager = crd.with_defaults(body)
+    eager["spec"]["engine"]["enforceEager"] = True
+    eager_args = _pod(_render(eager))["containers"][0]["args"]
+    assert server_reads(eager_args, monkeypatch).enforce_eager is True
     body["spec"]["model"]["revision"] = "-rev"
     download = _pod(_render(body))["initContainers"][0]["command"]
     assert "--revision=-rev" in download and "-rev" not in download
