@@ -160,8 +160,10 @@ def throughput(device: torch.device, path: Path, counts: tuple[int, ...], new: i
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     report: dict = {}
     ok = True
+    # A GPU's batch, not the engine's CPU-sized defaults (64 sequences, 2048 tokens a step).
+    limits = {"max_num_seqs": 256, "max_num_batched_tokens": 8192} if device.type == "cuda" else {}
     for count in counts:
-        llm = engine(path, device, dtype=dtype)
+        llm = engine(path, device, dtype=dtype, **limits)
         vocab = min(len(llm.tokenizer), 49152)
         prompts = _prompts(count, 64, vocab, seed=count)
         params = SamplingParams(max_tokens=new, **GREEDY)

@@ -73,6 +73,12 @@ class DecodeGraphs:
         self.cu_seq_q = torch.arange(top + 1, **ints)  # one query a sequence
         self.seqused = torch.ones(top, **ints)
         self.tables = torch.zeros(top, pages, **ints)
+        # The step's numbers are written here on the host, then copied without a sync: pinned
+        # memory lets those copies run asynchronously. Written again only after the engine's
+        # sampler has read the step's tokens back, so a copy in flight is never overwritten.
+        pinned = device.type == "cuda"
+        self.host_rows = torch.zeros(4, top, dtype=torch.long, pin_memory=pinned)
+        self.host_tables = torch.zeros(top, pages, dtype=torch.int32, pin_memory=pinned)
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         factory = graph_factory or CudaGraph
         self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}
@@ -102,21 +108,20 @@ class DecodeGraphs:
         return out[:batch]
 
     def _fill(self, plan: StepPlan) -> None:
-        batch, device = len(plan.seqs), self.runner.device
-        values = torch.tensor(
-            [plan.ids, plan.positions, plan.slots, [s.computed + 1 for s in plan.seqs]]
-        )
-        self.ids[:batch].copy_(values[0].to(device, non_blocking=True))
-        self.positions[:batch].copy_(values[1].to(device, non_blocking=True))
-        self.slots[:batch].copy_(values[2].to(device, non_blocking=True))
-        self.seqused[:batch].copy_(values[3].to(device, non_blocking=True))
-        width = self.tables.shape[1]
-        tables = [
-            s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in plan.seqs
-        ]
-        self.tables[:batch].copy_(
-            torch.tensor(tables, dtype=torch.int32).to(device, non_blocking=True)
-        )
+        batch = len(plan.seqs)
+        rows, tables = self.host_rows.numpy(), self.host_tables.numpy()
+        rows[0, :batch] = plan.ids
+        rows[1, :batch] = plan.positions
+        rows[2, :batch] = plan.slots
+        rows[3, :batch] = [seq.computed + 1 for seq in plan.seqs]  # keys, its own included
+        tables[:batch] = 0
+        for i, seq in enumerate(plan.seqs):
+            tables[i, : len(seq.block_table)] = seq.block_table
+        for target, source in zip(
+            (self.ids, self.positions, self.slots, self.seqused), self.host_rows, strict=True
+        ):
+            target[:batch].copy_(source[:batch], non_blocking=True)
+        self.tables[:batch].copy_(self.host_tables[:batch], non_blocking=True)
 
     def _pad(self, start: int, size: int) -> None:
         """Rows [start, size): token 0 at position 0, writing slot i of the scratch block and
