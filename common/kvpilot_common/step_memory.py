@@ -10,6 +10,7 @@ activations = tokens x (3 x hidden [the residual stream, its norm, a layer's out
               + 3 x mlp width [gate and up together, then the activation]) x dtype bytes
 sampler     = seqs x vocab x SAMPLER_ROW_COPIES x 4 (float32 logits and the batch's working
               copies of them: engine/runtime/sampler.py)
+graphs      = the ladder's sizes up to seqs, summed, x vocab x 4 (each CUDA graph's logits)
 
 Each rank of tensor parallelism holds its share of the heads and of the MLP's width, and whole
 rows of the residual stream and of the logits. A mixture of experts is counted at the width a
@@ -24,6 +25,8 @@ place: the engine measures it, a plan computes it (device memory - weights - run
 from kvpilot_common import parallelism, precision
 from kvpilot_common.memory_model import ModelShape
 
+# CUDA graphs are captured for these batch sizes up to max_num_seqs (engine/runtime/cuda_graphs.py).
+GRAPH_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 # The sampler's [seqs, vocab] float32 tensors alive at its peak: the logits, the masked copy,
 # the penalised copy, the probabilities, the sorted probabilities with their int64 order (two
 # rows' worth), the exponential draws and their quotient.
@@ -37,7 +40,15 @@ def step_workspace_bytes(
     widths (q heads x head_dim, kv heads x head_dim, the MLP's or routed experts' width), item
     the model dtype's bytes, tokens and seqs max_num_batched_tokens and max_num_seqs."""
     activations = tokens * (3 * hidden + q + 2 * kv + q + 3 * mlp) * item
-    return activations + seqs * vocab * SAMPLER_ROW_COPIES * 4
+    # Each captured graph keeps its own float32 logits; their other memory is one shared pool
+    # of a step's activations, counted above.
+    graph_outputs = sum(graph_sizes(seqs)) * vocab * 4
+    return activations + seqs * vocab * SAMPLER_ROW_COPIES * 4 + graph_outputs
+
+
+def graph_sizes(max_num_seqs: int) -> list[int]:
+    """The batch sizes captured: the ladder up to max_num_seqs, and max_num_seqs itself."""
+    return sorted({s for s in GRAPH_LADDER if s < max_num_seqs} | {max_num_seqs})
 
 
 def workspace_of(

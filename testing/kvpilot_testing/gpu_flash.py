@@ -90,6 +90,8 @@ def _varlen_case(varlen_attn, device, dtype, shape, page: int, window: int | Non
     q = torch.randn(sum(queries), heads, head_dim, device=device)
     cu_q = torch.tensor([0, *torch.tensor(queries).cumsum(0).tolist()], dtype=torch.int32)
     seqused = torch.tensor(lens, dtype=torch.int32, device=device)
+    # Both cumulative tensors or neither, the kernel's entry check says, with a block table too.
+    cu_k = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     left = -1 if window is None else window - 1
 
     def call():
@@ -98,7 +100,7 @@ def _varlen_case(varlen_attn, device, dtype, shape, page: int, window: int | Non
             case.cache.k,
             case.cache.v,
             cu_q.to(device),
-            None,
+            cu_k.to(device),
             max(queries),
             max(lens),
             window_size=(left, 0),

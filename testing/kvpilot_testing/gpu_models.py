@@ -15,6 +15,7 @@ from unittest import mock
 import torch
 
 from kvpilot_server import LLM, SamplingParams
+from kvpilot_server.engine.layers.flash_attention import PAGE_MULTIPLE
 from kvpilot_testing.hf_reference import hf_greedy_of
 
 TOKENIZER_FILES = (
@@ -47,7 +48,10 @@ def engine(path: Path, device: torch.device, **settings) -> LLM:
     """An engine with a small KV cache, so a Hugging Face model fits beside it."""
     cuda = device.type == "cuda"
     room = {"kv_cache_memory_fraction": 0.2} if cuda else {"kv_cache_bytes": 256 << 20}
-    return LLM(str(path), device=str(device), **room, **settings)
+    # Pages the flash path reads (layers/flash_attention.py), so that it and the CUDA graphs
+    # on top of it are what the stages measure.
+    blocks = {"block_size": PAGE_MULTIPLE} if cuda else {}
+    return LLM(str(path), device=str(device), **room, **{**blocks, **settings})
 
 
 def attention_path(llm: LLM) -> str:

@@ -14,6 +14,9 @@ def varlen_standin(q, cache, batch, window, scale, *, shift: int = 0):
     moves every query one key later: a plausible bug the self-test must catch."""
     out = torch.empty_like(q)
     cu, used = batch.cu_seq_q.tolist(), batch.seqused_k.tolist()
+    # The kernel's entry check wants both cumulative tensors; the keys' must add up the lengths.
+    assert batch.cu_seq_k.tolist() == [sum(used[:i]) for i in range(len(used) + 1)]
+    assert batch.block_table.dtype == batch.seqused_k.dtype == torch.int32
     for i, length in enumerate(used):
         rows = slice(cu[i], cu[i + 1])
         pages = batch.block_table[i].long()

@@ -75,3 +75,14 @@ def test_fp8_weights_of_shapes_scaled_mm_refuses_fail_at_start_and_change_nothin
             quant.quantize(model, "fp8", torch.device("cpu"))
         assert {n: type(m) for n, m in model.named_modules()} == before  # nothing half-done
         quant.quantize(_model("cpu"), "fp8", torch.device("cpu"))  # sizes of 16s pass
+
+
+def test_the_flash_path_names_what_keeps_it_off():
+    from kvpilot_server.engine.layers.flash_attention import unusable
+
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16  # a device named, none touched
+    assert "not a CUDA device" in unusable(torch.device("cpu"), bf16, False, False, 256)
+    assert "--block-size 256" in unusable(cuda, bf16, False, False, 16)
+    assert "16-bit" in unusable(cuda, torch.float32, False, False, 256)
+    assert "quantized KV cache" in unusable(cuda, bf16, True, False, 256)
+    assert "softcapping" in unusable(cuda, bf16, False, True, 256)

@@ -17,6 +17,7 @@ only once it has agreed with the reference path on the model's own head shape at
 any disagreement or error is logged and the reference path serves instead.
 """
 
+import functools
 import inspect
 import logging
 from collections.abc import Callable
@@ -27,6 +28,8 @@ import torch
 log = logging.getLogger(__name__)
 # bfloat16 against bfloat16: two summation orders of the same products.
 AGREEMENT = 0.02
+# torch's flash kernel (FlashAttention 2) refuses a block table over pages of other sizes.
+PAGE_MULTIPLE = 256
 
 
 @dataclass
@@ -34,12 +37,16 @@ class FlashBatch:
     """A step's sequences as varlen_attn reads them, in the step's row order."""
 
     cu_seq_q: torch.Tensor  # [N + 1] int32: sequence i's queries are rows [cu[i], cu[i + 1])
+    # [N + 1] int32, cumulative keys: the kernel reads seqused_k and the block table, but its
+    # entry check wants both cumulative tensors or neither.
+    cu_seq_k: torch.Tensor
     seqused_k: torch.Tensor  # [N] int32: keys each attends to (its own included)
     block_table: torch.Tensor  # [N, pages] int32, padded with block 0
     max_q: int
     max_k: int
 
 
+@functools.cache
 def _varlen():
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -48,10 +55,17 @@ def _varlen():
     return varlen_attn if "block_table" in inspect.signature(varlen_attn).parameters else None
 
 
-def unusable(device: torch.device, dtype: torch.dtype, quantized_cache: bool, eager: bool) -> str:
+def unusable(
+    device: torch.device, dtype: torch.dtype, quantized_cache: bool, eager: bool, block_size: int
+) -> str:
     """Why the flash path cannot serve this model here, or '' when it may (pending self_test)."""
     if device.type != "cuda":
         return "not a CUDA device"
+    if block_size % PAGE_MULTIPLE:
+        return (
+            f"flash attention reads a paged cache in blocks of a multiple of {PAGE_MULTIPLE} "
+            f"tokens, and these are of {block_size} (--block-size {PAGE_MULTIPLE} serves it)"
+        )
     if dtype not in (torch.float16, torch.bfloat16):
         return f"flash attention needs a 16-bit model, not {dtype}"
     if quantized_cache:
@@ -71,10 +85,14 @@ def batch_of(entries: list[tuple[int, int, list[int]]], device: torch.device) ->
     for n in queries:
         cu.append(cu[-1] + n)
     lengths = [computed + n for computed, n, _ in entries]
+    cu_k = [0]
+    for length in lengths:
+        cu_k.append(cu_k[-1] + length)
     tables = [table + [0] * (pages - len(table)) for _, _, table in entries]
     as_int = dict(dtype=torch.int32, device=device)
     return FlashBatch(
         torch.tensor(cu, **as_int),
+        torch.tensor(cu_k, **as_int),
         torch.tensor(lengths, **as_int),
         torch.tensor(tables, **as_int),
         max(queries),
@@ -94,7 +112,7 @@ def attend(
         cache.k,
         cache.v,
         batch.cu_seq_q,
-        None,
+        batch.cu_seq_k,
         batch.max_q,
         batch.max_k,
         scale=scale,

@@ -20,17 +20,12 @@ from typing import Any
 
 import torch
 
+from kvpilot_common.step_memory import graph_sizes as sizes_for
 from kvpilot_server.engine.layers.attention import AttentionMetadata
 from kvpilot_server.engine.layers.flash_attention import FlashBatch
 from kvpilot_server.engine.runtime.scheduler_output import StepPlan
 
 log = logging.getLogger(__name__)
-LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
-
-
-def sizes_for(max_num_seqs: int) -> list[int]:
-    """The batch sizes captured: the ladder up to max_num_seqs, and max_num_seqs itself."""
-    return sorted({s for s in LADDER if s < max_num_seqs} | {max_num_seqs})
 
 
 def size_for(batch: int, sizes: list[int]) -> int | None:
@@ -71,6 +66,7 @@ class DecodeGraphs:
         self.ids, self.positions = torch.zeros(top, **longs), torch.zeros(top, **longs)
         self.slots, self.rows = torch.zeros(top, **longs), torch.arange(top, **longs)
         self.cu_seq_q = torch.arange(top + 1, **ints)  # one query a sequence
+        self.zero = torch.zeros(1, **ints)
         self.seqused = torch.ones(top, **ints)
         self.tables = torch.zeros(top, pages, **ints)
         # The step's numbers are written here on the host, then copied without a sync: pinned
@@ -79,6 +75,9 @@ class DecodeGraphs:
         pinned = device.type == "cuda"
         self.host_rows = torch.zeros(4, top, dtype=torch.long, pin_memory=pinned)
         self.host_tables = torch.zeros(top, pages, dtype=torch.int32, pin_memory=pinned)
+        # Recorded after the copies: the next step waits for it before rewriting the host side
+        # (a step whose outputs are read back has waited already; a pooled one need not have).
+        self.copied = torch.cuda.Event() if pinned else None
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         factory = graph_factory or CudaGraph
         self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}
@@ -109,6 +108,8 @@ class DecodeGraphs:
 
     def _fill(self, plan: StepPlan) -> None:
         batch = len(plan.seqs)
+        if self.copied is not None:
+            self.copied.synchronize()
         rows, tables = self.host_rows.numpy(), self.host_tables.numpy()
         rows[0, :batch] = plan.ids
         rows[1, :batch] = plan.positions
@@ -122,6 +123,8 @@ class DecodeGraphs:
         ):
             target[:batch].copy_(source[:batch], non_blocking=True)
         self.tables[:batch].copy_(self.host_tables[:batch], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
 
     def _pad(self, start: int, size: int) -> None:
         """Rows [start, size): token 0 at position 0, writing slot i of the scratch block and
@@ -139,9 +142,13 @@ class DecodeGraphs:
 
     def _forward(self, size: int) -> torch.Tensor:
         runner = self.runner
+        seqused = self.seqused[:size]
+        # Inside the graph: the cumulative keys follow the lengths each replay is given.
+        cu_k = torch.cat((self.zero, seqused.cumsum(0, dtype=torch.int32)))
         flash = FlashBatch(
-            self.cu_seq_q[: size + 1], self.seqused[:size], self.tables[:size], 1, self.max_len
+            self.cu_seq_q[: size + 1], cu_k, seqused, self.tables[:size], 1, self.max_len
         )
+
         slots = self.slots[:size]
         metas = {
             w: AttentionMetadata(slot_mapping=slots, window=w, flash=flash) for w in runner.windows
@@ -174,6 +181,10 @@ def build(runner, max_num_seqs: int, max_len: int, scratch_block: int) -> Decode
         refused = "tensor parallelism"
     elif runner.model.lora is not None:
         refused = "LoRA adapters"
+    elif runner.model.cfg.experts is not None:
+        refused = "a mixture of experts routes on the host (its token counts), which no graph holds"
+    elif runner.model.pools:
+        refused = "an embedding model's steps are prefills"
     graphs = None
     if not refused:
         try:
@@ -193,25 +204,27 @@ def build(runner, max_num_seqs: int, max_len: int, scratch_block: int) -> Decode
 
 
 def self_test(graphs: DecodeGraphs, eager: Callable[[StepPlan], torch.Tensor]) -> str:
-    """'' when a replay gives the eager run's logits for the same step; else why not. The step's
-    rows write and read only the scratch block."""
+    """'' when every graph's replay gives the eager run's logits for a step of its own size;
+    else why not. The steps write and read only the scratch block, each row a slot of its own,
+    so sizes up to a block's are compared (past that, rows would share slots)."""
     from kvpilot_server.engine.runtime.scheduler_output import ScheduledSeq
 
     block = graphs.runner.block_size
-    batch = min(block, graphs.sizes[-1], 5)
-    table = [graphs.scratch]
-    seqs = [ScheduledSeq(0, 1, 1, table) for _ in range(batch)]
-    plan = StepPlan(
-        ids=[7 + i for i in range(batch)],
-        positions=[0] * batch,
-        slots=[graphs.scratch * block + i for i in range(batch)],
-        rows=list(range(batch)),
-        seqs=seqs,
-    )
-    try:
-        want = eager(plan).float().clone()
-        got = graphs.run(plan).float()
-        error = float((got - want).norm() / want.norm())
-    except Exception as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-    return "" if error < 0.02 else f"a replay disagrees with eager (relative error {error:.3g})"
+    for batch in [s for s in graphs.sizes if s <= block] or [block]:
+        seqs = [ScheduledSeq(0, 1, 1, [graphs.scratch]) for _ in range(batch)]
+        plan = StepPlan(
+            ids=[7 + i for i in range(batch)],
+            positions=[0] * batch,
+            slots=[graphs.scratch * block + i for i in range(batch)],
+            rows=list(range(batch)),
+            seqs=seqs,
+        )
+        try:
+            want = eager(plan).float().clone()
+            got = graphs.run(plan).float()
+            error = float((got - want).norm() / want.norm())
+        except Exception as exc:
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        if not error < 0.02:  # NaN included
+            return f"the graph of {batch} disagrees with eager (relative error {error:.3g})"
+    return ""

@@ -79,7 +79,7 @@ class ModelRunner:
         self.lora, self.load_adapter = lora, load_adapter
         self.graphs: DecodeGraphs | None = None  # set by the engine (cuda_graphs.build)
         quantized = kv_cache[0].k_scale is not None
-        refused = flash_attention.unusable(self.device, dtype, quantized, eager)
+        refused = flash_attention.unusable(self.device, dtype, quantized, eager, block_size)
         self.flash = not refused
         if self.flash:
             refused = flash_attention.self_test(lambda: flash_check.both_attentions(self))
@@ -173,7 +173,11 @@ class ModelRunner:
             return self.graphs.run(plan)
         pos = torch.tensor(plan.positions, device=self.device)
         slots = torch.tensor(plan.slots, device=self.device)
-        metas = {w: self._metadata(plan.seqs, slots, w) for w in self.windows}
+        if self.flash:  # one batch serves every window: the window is the call's argument
+            flash = self._flash_batch(plan.seqs)
+            metas = {w: AttentionMetadata(slots, window=w, flash=flash) for w in self.windows}
+        else:
+            metas = {w: self._metadata(plan.seqs, slots, w) for w in self.windows}
         rows = torch.tensor(plan.rows, device=self.device, dtype=torch.long) if logits else None
         self._set_lora(plan)
         return self.model(
@@ -206,9 +210,8 @@ class ModelRunner:
         self, ordered: list[ScheduledSeq], slots: torch.Tensor, window: int | None
     ) -> AttentionMetadata:
         if self.flash:
-            entries = [(seq.computed, seq.n, seq.block_table) for seq in ordered]
-            batch = flash_attention.batch_of(entries, self.device)
-            return AttentionMetadata(slot_mapping=slots, window=window, flash=batch)
+            flash = self._flash_batch(ordered)
+            return AttentionMetadata(slot_mapping=slots, window=window, flash=flash)
         meta = AttentionMetadata(slot_mapping=slots, window=window, kernel=self.kernel)
         decodes = [seq for seq in ordered if seq.n == 1]
         start = 0
@@ -236,6 +239,10 @@ class ModelRunner:
             )
             row += n
         return meta
+
+    def _flash_batch(self, ordered: list[ScheduledSeq]) -> flash_attention.FlashBatch:
+        entries = [(seq.computed, seq.n, seq.block_table) for seq in ordered]
+        return flash_attention.batch_of(entries, self.device)
 
     def _decode_group(
         self, start: int, seqs: list[ScheduledSeq], window: int | None
