@@ -73,7 +73,7 @@ class Sampler:
         ops.ban(x, {i: self._banned(s) for i, s in early})
         tokens = x.argmax(dim=-1)
         drawn = [i for i, p in params.items() if not p.greedy]
-        errors: set[int] = set()
+        refused = torch.zeros_like(tokens)  # 1: the row could not be sampled
         if drawn:
             index = torch.tensor(drawn, device=x.device)
             temperature = torch.tensor([params[i].temperature for i in drawn], device=x.device)
@@ -84,8 +84,10 @@ class Sampler:
             # draws are made exactly as if it were fine.
             probs = torch.where(bad[:, None], 1.0, probs)
             tokens[index] = ops.draw(probs, [self._generator(seqs[i], x.device) for i in drawn])
-            errors = {drawn[j] for j in torch.nonzero(bad).flatten().tolist()}
-        return tokens.tolist(), errors
+            refused[index] = bad.to(refused.dtype)
+        # One copy back for both: on a GPU each read of the device is a sync.
+        chosen, failed = torch.stack((tokens, refused)).tolist()
+        return chosen, {i for i, flag in enumerate(failed) if flag}
 
     def _banned(self, seq: Sequence) -> list[int]:
         p = seq.params
