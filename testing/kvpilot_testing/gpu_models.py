@@ -31,7 +31,8 @@ LLAMA3_8B = dict(
     num_hidden_layers=32,
     num_attention_heads=32,
     num_key_value_heads=8,
-    rope_theta=500000.0,
+    head_dim=128,  # named: the tokenizer's config names its own (64)
+    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
     max_position_embeddings=8192,
 )
 SMALL = dict(
@@ -40,6 +41,7 @@ SMALL = dict(
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
+    head_dim=64,
     max_position_embeddings=4096,
 )
 
