@@ -212,17 +212,20 @@ def cause(reason: str) -> str:
     return causes.get(driver, "Burst" if driver == "burst:" else "Other")
 
 
-def scale(md: dict, before: int, decision: Decision) -> None:
+def scale(md: dict, before: int, decision: Decision, *, if_unchanged: bool = False) -> None:
     """Set the replicas through the scale subresource (the only writer of spec.replicas while
-    autoscaling is on), with an Event and a count of it."""
+    autoscaling is on), with an Event and a count of it.
+
+    if_unchanged: only if the object is still at md's resourceVersion (the API server answers
+    409 Conflict otherwise, and nothing is written or announced), for a decision made from a
+    watch event that may be older than the last write."""
     meta = md["metadata"]
     name, namespace = meta["name"], meta["namespace"]
+    patch: dict[str, Any] = {"spec": {"replicas": decision.replicas}}
+    if if_unchanged:
+        patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
     cluster().client.patch(
-        ModelDeploymentResource.Scale,
-        name,
-        {"spec": {"replicas": decision.replicas}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
+        ModelDeploymentResource.Scale, name, patch, namespace=namespace, patch_type=PatchType.MERGE
     )
     direction = "up" if decision.replicas > before else "down"
     metrics.scale_events.labels(namespace, name, direction, cause(decision.reason)).inc()

@@ -5,9 +5,15 @@ here, so only the event handler can be what woke it). A stale entry (its gateway
 nothing, nor does demand for a model whose autoscaling is off. No node is needed: the test
 reads spec.replicas and the Deployment's replicas, not pods."""
 
+import asyncio
+import logging
 import time
 
+from lightkube import Client, KubeConfig
+
 from kvpilot_common import demand
+from kvpilot_operator import autoscaler, wake
+from kvpilot_operator import cluster as operator_cluster
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, EVENTS, MD, Cluster, wait_for
 
 AUTOSCALING = {
@@ -117,3 +123,30 @@ def test_a_model_turned_off_is_not_woken(cluster):
     # The same demand wakes it once its user turns autoscaling on.
     cluster.patch(MD, "off", {"spec": {"autoscaling": {**AUTOSCALING, "enabled": True}}})
     wait_for("spec.replicas 1", lambda: _replicas(cluster, "off") == 1, timeout=10)
+
+
+def test_a_wake_from_an_event_older_than_the_last_write_scales_nothing(
+    kube_namespace, monkeypatch, request
+):
+    """The handler itself, in this process, on the real API server under the operator's
+    ServiceAccount (no operator runs, so nothing else writes): given the body of an event that
+    was queued before a later write, its conditional scale patch is refused with 409 and it
+    neither scales nor announces; given the current body, it wakes the model once."""
+    client = Client(KubeConfig.from_file(kube_namespace.kubeconfig), field_manager="test-wake")
+    monkeypatch.setattr(autoscaler, "cluster", lambda: operator_cluster.Cluster(client))
+    request.addfinalizer(client.close)
+    announced: list[str] = []
+    monkeypatch.setattr(autoscaler.kopf, "event", lambda md, **kw: announced.append(kw["message"]))
+    kube_namespace.create(MD, {"metadata": {"name": "raced"}, "spec": SPEC})
+    _hold(kube_namespace, "raced", 2, time.time())
+    stale = kube_namespace.get(MD, "raced")
+    # A later write (a status patch, another gateway's annotation) the stale event predates.
+    _hold(kube_namespace, "raced", 2, time.time(), gateway="gw-2")
+    log = logging.getLogger("test-wake")
+
+    asyncio.run(wake.wake_on_demand(body=stale, logger=log))
+    assert _replicas(kube_namespace, "raced") == 0 and announced == []
+
+    asyncio.run(wake.wake_on_demand(body=kube_namespace.get(MD, "raced"), logger=log))
+    assert _replicas(kube_namespace, "raced") == 2  # 4 held, a target queue depth of 2
+    assert announced == ["4 requests held at the gateway: 0 -> 2"]
