@@ -26,6 +26,7 @@ NAME = "kvpilot_cpu"
 SOURCES = (
     "module.cpp",
     "weight_only.cpp",
+    "float32_gemm.cpp",
     "int8_activations.cpp",
     "layer_ops.cpp",
     "paged_decode.cpp",

@@ -10,7 +10,10 @@ product measures the candidates once per process and keeps the fastest:
   is slow);
 - the compiled kernel (kernels/csrc/weight_only.cpp): output rows split across every core, each
   weight row read once for all the input rows.
-Large batches are compute-bound, where plain `linear` is as good as any.
+A decode batch (a few dozen rows) is compute-bound, but at such row counts MKL runs well under
+the machine's peak; the compiled register-tile product (kernels/csrc/float32_gemm.cpp) is
+measured against the split one the same way, at a batch's size, and the faster serves. Large
+batches (prefill) take plain `linear`: MKL's blocking is at its best there.
 """
 
 import functools
@@ -25,6 +28,10 @@ from kvpilot_server.engine.kernels import cpu_kernels
 SPLIT_MAX_ROWS = 256  # measured: faster than `linear` up to here, equal at 512
 # Rows up to which the measured choice applies; beyond, MKL's blocking wins (measured at 16).
 DECODE_MAX_ROWS = 4
+# Rows up to which the measured choice of batch_product() applies (measured: above 64 MKL is as
+# fast or faster, at multiples of 16 rows the more so).
+BATCH_MAX_ROWS = 64
+BATCH_PROBE_ROWS = 43
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
@@ -47,15 +54,14 @@ def _candidates() -> dict[str, Product]:
     return found
 
 
-@functools.cache
-def decode_product() -> tuple[str, Product]:
-    """The fastest candidate for one row against weights that are not in cache, as in a decode
-    step (each layer's weights are read once per step): a few dozen MB of distinct matrices,
-    the best of three passes each."""
+def _fastest(candidates: dict[str, Product], rows: int) -> tuple[str, Product]:
+    """The candidate that runs `rows` rows fastest against weights that are not in cache, as in
+    a decode step (each layer's weights are read once per step): a few dozen MB of distinct
+    matrices, the best of three passes each."""
     weights = [torch.randn(1536, 576) for _ in range(24)]  # about 85 MB
-    x = torch.randn(1, 576)
+    x = torch.randn(rows, 576)
     timings = {}
-    for name, product in _candidates().items():
+    for name, product in candidates.items():
         best = float("inf")
         for _ in range(3):
             start = time.perf_counter()
@@ -64,16 +70,36 @@ def decode_product() -> tuple[str, Product]:
             best = min(best, time.perf_counter() - start)
         timings[name] = best
     name = min(timings, key=timings.__getitem__)
-    return name, _candidates()[name]
+    return name, candidates[name]
+
+
+@functools.cache
+def decode_product() -> tuple[str, Product]:
+    """The fastest product for one row (a batch-1 decode step)."""
+    return _fastest(_candidates(), 1)
+
+
+@functools.cache
+def batch_product() -> tuple[str, Product]:
+    """The fastest product for a decode batch, measured at a batch's size that is a multiple of
+    no tile of either side's (MKL's best case is a multiple of 16 rows)."""
+    found: dict[str, Product] = {"split": _split}
+    kernel = cpu_kernels.load()
+    if kernel is not None:
+        found["gemm"] = kernel.float32_gemm
+    return _fastest(found, BATCH_PROBE_ROWS)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     rows = x.shape[0]
     if not x.is_cpu or rows > SPLIT_MAX_ROWS:
         return F.linear(x, weight, bias)
+    compiled = x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()
     if rows <= DECODE_MAX_ROWS and x.dtype == weight.dtype == torch.float32:
         name, product = decode_product()
-        if name != "kernel" or weight.is_contiguous():
+        if name != "kernel" or compiled:
             return product(x, weight, bias)
         return F.linear(x, weight, bias)
+    if rows <= BATCH_MAX_ROWS and compiled:
+        return batch_product()[1](x, weight, bias)
     return _split(x, weight, bias)

@@ -1,15 +1,18 @@
 """Dense decode-sized layers: every candidate product (PyTorch's linear, the split matmul, the
-compiled float32 kernel) gives what PyTorch's own linear gives, for every row count and shape,
-and the measured choice is one of them."""
+compiled float32 kernels for one row and for a batch) gives what PyTorch's own linear gives, for
+every row count and shape, and the measured choices are among them."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from kvpilot_server.engine.kernels import cpu_kernels
 from kvpilot_server.engine.layers.linear import (
+    BATCH_MAX_ROWS,
     DECODE_MAX_ROWS,
     SPLIT_MAX_ROWS,
     _candidates,
+    batch_product,
     decode_product,
     linear,
 )
@@ -18,11 +21,13 @@ from kvpilot_server.engine.layers.linear import (
 # of hundreds of unit-variance products.
 CLOSE = {"rtol": 1e-5, "atol": 1e-4}
 # SmolLM2's decode shapes, and odd ones: an input width that is no multiple of 16 exercises the
-# kernel's tail, an odd output count the split path's refusal.
+# kernels' tails, an odd output count the split path's refusal and the batch kernel's output
+# tail (its tiles are 3 or 4 outputs wide).
 SHAPES = [(960, 576), (576, 1536), (7, 19), (10, 33)]
+ROWS = [1, 2, DECODE_MAX_ROWS, DECODE_MAX_ROWS + 1, 40, BATCH_MAX_ROWS, BATCH_MAX_ROWS + 1]
 
 
-@pytest.mark.parametrize("rows", [1, 2, DECODE_MAX_ROWS, DECODE_MAX_ROWS + 1, 40])
+@pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_equals_pytorch(rows, shape, with_bias):
@@ -44,11 +49,30 @@ def test_every_candidate_equals_pytorch(name, rows):
     torch.testing.assert_close(got, F.linear(x, weight, bias), **CLOSE)
 
 
-def test_the_measured_choice_is_a_candidate_and_stays():
+@pytest.mark.parametrize("rows", range(1, 14))  # every tail of its row tiles (4 or 6 rows)
+@pytest.mark.parametrize("shape", [(961, 577), (576, 1536), (5, 16), (3, 7)])
+def test_the_batch_kernel_equals_pytorch(rows, shape):
+    kernel = cpu_kernels.load()
+    assert kernel is not None  # the kernels build here; otherwise batches lose a candidate
+    generator = torch.Generator().manual_seed(rows * 1000 + shape[0])
+    out_features, in_features = shape
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator)
+    expected = F.linear(x.double(), weight.double(), bias.double()).float()
+    torch.testing.assert_close(kernel.float32_gemm(x, weight, bias), expected, **CLOSE)
+    torch.testing.assert_close(kernel.float32_gemm(x, weight, None), expected - bias, **CLOSE)
+    transposed = x.t().contiguous().t()  # a strided input is made contiguous, not misread
+    torch.testing.assert_close(kernel.float32_gemm(transposed, weight, bias), expected, **CLOSE)
+
+
+def test_the_measured_choices_are_candidates_and_stay():
     name, product = decode_product()
     assert name in _candidates()
     assert decode_product() == (name, product)  # measured once per process
-    assert DECODE_MAX_ROWS < SPLIT_MAX_ROWS
+    assert batch_product()[0] in ("split", "gemm")
+    assert batch_product() is batch_product()
+    assert DECODE_MAX_ROWS < BATCH_MAX_ROWS < SPLIT_MAX_ROWS
 
 
 def test_a_non_contiguous_weight_takes_the_pytorch_path():

@@ -265,3 +265,10 @@ def test_the_prebuilt_avx2_kernels_load_and_give_the_same_answers(tmp_path, monk
         for name, args in (("int4_int8_linear", int4_args), ("int8_int8_linear", int8_args)):
             expected = getattr(native, name)(x, *args)
             assert torch.equal(getattr(portable, name)(x, *args), expected), name
+    # The float32 batch product's AVX2 tiles (3 outputs by 4 rows, 8 lanes) against a float64
+    # reference: its sums run in other lanes than the AVX-512 build's, so close, not equal.
+    for rows in (5, 7, 43):
+        x = torch.randn(rows, 1536)
+        expected = nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+        got = portable.float32_gemm(x, linear.weight.detach(), linear.bias.detach())
+        torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-4)

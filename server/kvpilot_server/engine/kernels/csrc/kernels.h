@@ -15,6 +15,9 @@ void int8_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor dense);
 void int4_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor minimum, int64_t group,
                      torch::Tensor dense);
 
+// float32_gemm.cpp: float32 products of decode batches (a few to a few hundred rows).
+torch::Tensor float32_gemm(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
+
 // int8_activations.cpp: products against activations quantized to int8 per block of 32.
 std::vector<torch::Tensor> quantize_activations(torch::Tensor x);
 int64_t int8_activation_span();

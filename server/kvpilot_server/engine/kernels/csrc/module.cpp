@@ -3,6 +3,8 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("float32_linear", &float32_linear, "float32 linear for a few rows, all cores (AVX2)");
+  m.def("float32_gemm", &float32_gemm,
+        "float32 linear for decode batches: register tiles over the weight as stored");
   m.def("int8_linear", &int8_linear, "weight-only int8 linear (AVX2)");
   m.def("int4_linear", &int4_linear, "weight-only group-wise int4 linear (AVX2)");
   m.def("int8_dequantize", &int8_dequantize, "int8 weight -> float32, into a given buffer");
