@@ -66,7 +66,7 @@ struct Operands {
 
 // y[r0 + r, o0 + o] for NO weight rows from o0 and NR input rows from r0.
 template <int NO, int NR>
-void tile(const Operands& p, int64_t o0, int64_t r0) {
+void tile(const Operands& p, int64_t o0, int64_t r0, const float* ahead) {
   const float* w = p.w + o0 * p.in;
   const float* x = p.x + r0 * p.in;
   Vec acc[NO][NR];
@@ -76,6 +76,9 @@ void tile(const Operands& p, int64_t o0, int64_t r0) {
   for (; i + kLanes <= p.in; i += kLanes) {
     Vec wv[NO];
     for (int o = 0; o < NO; ++o) wv[o] = load(w + o * p.in + i);
+    if (ahead)
+      for (int o = 0; o < NO; ++o)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + o * p.in + i), _MM_HINT_T1);
     for (int r = 0; r < NR; ++r) {
       const Vec xv = load(x + r * p.in + i);
       for (int o = 0; o < NO; ++o) acc[o][r] = fma(wv[o], xv, acc[o][r]);
@@ -108,14 +111,15 @@ void tile(const Operands& p, int64_t o0, int64_t r0) {
 template <int NO>
 void rows(const Operands& p, int64_t o0, int64_t r0, int64_t r1) {
   int64_t r = r0;
-  for (; r + kNR <= r1; r += kNR) tile<NO, kNR>(p, o0, r);
+  const float* ahead = o0 + 2 * kNO <= p.out ? p.w + (o0 + kNO) * p.in : nullptr;
+  for (; r + kNR <= r1; r += kNR, ahead = nullptr) tile<NO, kNR>(p, o0, r, ahead);
   switch (r1 - r) {
     case 0: break;
-    case 1: tile<NO, 1>(p, o0, r); break;
-    case 2: tile<NO, 2>(p, o0, r); break;
-    case 3: tile<NO, 3>(p, o0, r); break;
-    case 4: tile<NO, 4>(p, o0, r); break;  // a tail only where kNR is 6
-    default: tile<NO, 5>(p, o0, r); break;
+    case 1: tile<NO, 1>(p, o0, r, ahead); break;
+    case 2: tile<NO, 2>(p, o0, r, ahead); break;
+    case 3: tile<NO, 3>(p, o0, r, ahead); break;
+    case 4: tile<NO, 4>(p, o0, r, ahead); break;  // a tail only where kNR is 6
+    default: tile<NO, 5>(p, o0, r, ahead); break;
   }
 }
 
