@@ -30,6 +30,7 @@ SOURCES = (
     "int8_activations.cpp",
     "layer_ops.cpp",
     "paged_decode.cpp",
+    "kv_write.cpp",
     "decode_stack.cpp",
 )
 # Without contracted multiply-adds the rotation is the same float operations as PyTorch's, bit

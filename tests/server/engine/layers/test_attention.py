@@ -39,8 +39,20 @@ def _decode_meta(block_tables, lens, block_size, window, use_kernel) -> Attentio
 @pytest.mark.parametrize(("block_size", "window"), [(1, None), (16, None), (16, 37), (32, 5)])
 @pytest.mark.parametrize("scale", [None, 0.3])  # None: head_dim ** -0.5 (Gemma has its own)
 def test_kernel_matches_reference(block_size, window, head_dim, scale):
-    torch.manual_seed(block_size)
-    rows, heads, kv_heads, num_blocks = 7, 6, 2, 1200
+    _kernel_against_reference(block_size, window, head_dim, scale, heads=6, kv_heads=2)
+
+
+@pytest.mark.skipif(kernel is None, reason="the CPU kernel did not build on this machine")
+@pytest.mark.parametrize("head_dim", [48, 64, 128])  # multiples of 16: AVX-512's grouped pass
+@pytest.mark.parametrize("group", [1, 4, 5, 7])  # up to 4 heads a pass: 5 and 7 take two
+@pytest.mark.parametrize("window", [None, 37])
+def test_kernel_matches_reference_for_every_group_size(head_dim, group, window):
+    _kernel_against_reference(16, window, head_dim, None, heads=2 * group, kv_heads=2)
+
+
+def _kernel_against_reference(block_size, window, head_dim, scale, heads, kv_heads):
+    torch.manual_seed(block_size + heads)
+    rows, num_blocks = 7, 1200
     caches = [torch.randn(num_blocks, block_size, kv_heads, head_dim) for _ in range(2)]
     lens = torch.tensor([1, 2, 17, 64, 100, 3, 150])
     width = -(-int(lens.max()) // block_size)

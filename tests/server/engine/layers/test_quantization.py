@@ -272,3 +272,11 @@ def test_the_prebuilt_avx2_kernels_load_and_give_the_same_answers(tmp_path, monk
         expected = nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
         got = portable.float32_gemm(x, linear.weight.detach(), linear.bias.detach())
         torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-4)
+    # Decode attention: the AVX2 build scores one query head at a time, the AVX-512 build up to
+    # four of a group in one pass; the same sums in other orders.
+    cache = [torch.randn(64, 16, 2, 64) for _ in range(2)]
+    tables = torch.randperm(64)[:30].view(3, 10)
+    q, lens = torch.randn(3, 8, 64), torch.tensor([1, 77, 160])
+    for window in (0, 37):
+        args = (q, *cache, tables, lens, 0.125, window)
+        torch.testing.assert_close(portable.paged_decode(*args), native.paged_decode(*args))

@@ -35,7 +35,7 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tenso
 torch::Tensor rotate(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 
-// paged_decode.cpp: decode attention over the paged KV cache, and writing into it.
+// paged_decode.cpp: decode attention over the paged KV cache.
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_tables, torch::Tensor context_lens, double scale,
                            int64_t window);
@@ -43,6 +43,8 @@ torch::Tensor paged_decode_int8(torch::Tensor q, torch::Tensor k_cache, torch::T
                                 torch::Tensor k_scale, torch::Tensor v_scale,
                                 torch::Tensor block_tables, torch::Tensor context_lens,
                                 double scale, int64_t window);
+
+// kv_write.cpp: a step's new keys and values into their cache slots.
 void write_int8(torch::Tensor x, torch::Tensor cache, torch::Tensor scales, torch::Tensor slots);
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
               torch::Tensor slots);

@@ -2,14 +2,18 @@
 //
 // One query token per sequence; each sequence and kv head is one OpenMP task. It finds that kv
 // head's keys and values through the block table once and serves every query head that shares
-// it (grouped-query attention), so nothing is copied, padded or repeated for float32. Per query
-// head: scores four keys at a time with the query in registers, a vectorised softmax, then the
-// weighted sum of values 64 dimensions at a time in registers; explicit multiply-adds, as the
-// module is built without contracted ones (cpu_kernels.py).
+// it (grouped-query attention), so nothing is copied, padded or repeated for float32. With
+// AVX-512 and a head_dim of a multiple of 16, up to four query heads of the group share one pass
+// over the keys and one over the values (grouped_heads.h). Otherwise, per query head: scores
+// four keys at a time with the query in registers, a vectorised softmax, then the weighted sum
+// of values 64 dimensions at a time in registers. Either way the rows are asked for ahead (a
+// sequence's blocks are scattered, too short a run for the hardware prefetcher), and the
+// multiply-adds are explicit, as the module is built without contracted ones (cpu_kernels.py).
 //
 // The cache holds float32, or int8 with a float32 scale per token per kv head. An int8 head
 // row is dequantized once into a per-thread buffer, and every query head of its group reads it
 // there: widening int8 inside each head's dot product would redo it per query head.
+#include "grouped_heads.h"
 #include "kernels.h"
 #include "product.h"
 
@@ -84,16 +88,23 @@ inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
 }
 
 constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kFar = 32;  // rows ahead requested into L2 (as grouped_heads.h, measured there)
 
 // s[t] = scale * q . rows[t] for n rows; q stays in registers, four rows at a time.
+// `ahead`, when given, is the value rows: they and the keys are requested into L2 a few rows
+// before use (the first head of a group reads them from memory, the rest from L2).
 template <int64_t HD>
 void scores(const float* q, const float* const* rows, int64_t n, int64_t hd, float scale,
-            float* s) {
+            float* s, const float* const* ahead) {
   const int64_t chunks = (HD > 0 ? HD : hd) / 8;
   __m256 qv[(HD > 0 ? HD : kMaxHeadDim) / 8];
   for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm256_loadu_ps(q + 8 * c);
   int64_t t = 0;
   for (; t + 4 <= n; t += 4) {
+    for (int64_t j = t + kFar; ahead && j < std::min(n, t + kFar + 4); ++j) {
+      kvpilot::prefetch_l2(rows[j], 4 * hd);
+      kvpilot::prefetch_l2(ahead[j], 4 * hd);
+    }
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t c = 0; c < chunks; ++c) {
       a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(rows[t] + 8 * c), a0);
@@ -138,18 +149,43 @@ void gather_rows(const T* cache, const float* scales, const int64_t* table, int6
                  std::vector<const float*>& rows, std::vector<float>& buf) {
   rows.resize(len - first);
   if constexpr (!std::is_same_v<T, float>) buf.resize((len - first) * hd);
-  for (int64_t pos = first; pos < len; ++pos) {
-    const int64_t slot = table[pos / bs] * bs + pos % bs, at = (slot * kvh + kv) * hd;
-    if constexpr (std::is_same_v<T, float>) {
-      rows[pos - first] = cache + at;
-    } else {
-      float* row = buf.data() + (pos - first) * hd;
-      const float s = scales[slot * kvh + kv];
-      for (int64_t i = 0; i < hd; ++i) row[i] = s * static_cast<float>(cache[at + i]);
-      rows[pos - first] = row;
+  for (int64_t block = first / bs; block * bs < len; ++block) {  // one table lookup per block
+    const int64_t start = block * bs, base = table[block] * bs - start;
+    for (int64_t pos = std::max(first, start); pos < std::min(len, start + bs); ++pos) {
+      const int64_t slot = base + pos, at = (slot * kvh + kv) * hd;
+      if constexpr (std::is_same_v<T, float>) {
+        rows[pos - first] = cache + at;
+      } else {
+        float* row = buf.data() + (pos - first) * hd;
+        const float s = scales[slot * kvh + kv];
+        for (int64_t i = 0; i < hd; ++i) row[i] = s * static_cast<float>(cache[at + i]);
+        rows[pos - first] = row;
+      }
     }
   }
 }
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+template <int G>
+void grouped_pass(const float* q, const float* const* keys, const float* const* values,
+                  int64_t n, int64_t hd, float scale, float* probs, float* out) {
+  kvpilot::grouped::scores<G>(q, keys, values, n, hd, scale, probs);
+  for (int h = 0; h < G; ++h) softmax(probs + h * n, n);
+  kvpilot::grouped::weighted_sum<G>(probs, values, n, hd, out);
+}
+
+// `heads` (1 to 4) consecutive query heads of one kv head's group; probs holds heads x n.
+void grouped_heads(int64_t heads, const float* q, const float* const* keys,
+                   const float* const* values, int64_t n, int64_t hd, float scale, float* probs,
+                   float* out) {
+  switch (heads) {
+    case 1: grouped_pass<1>(q, keys, values, n, hd, scale, probs, out); break;
+    case 2: grouped_pass<2>(q, keys, values, n, hd, scale, probs, out); break;
+    case 3: grouped_pass<3>(q, keys, values, n, hd, scale, probs, out); break;
+    default: grouped_pass<4>(q, keys, values, n, hd, scale, probs, out); break;
+  }
+}
+#endif
 
 // One OpenMP task per sequence and kv head: a single sequence (batch 1) still uses every core,
 // and a task reads its kv head's keys and values for all the query heads that share it. HD is
@@ -170,10 +206,23 @@ void decode_rows(const float* qp, const T* kp, const T* vp, const float* ksp, co
     const int64_t* table = bt + d * max_blocks;
     gather_rows(kp, ksp, table, first, len, bs, kvh, kv, hd, keys, key_buf);
     gather_rows(vp, vsp, table, first, len, bs, kvh, kv, hd, values, value_buf);
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if (hd % 16 == 0) {
+      probs.resize(kvpilot::grouped::kMaxGroup * n);
+      for (int64_t head = 0; head < group; head += kvpilot::grouped::kMaxGroup) {
+        const int64_t at = (d * H + kv * group + head) * hd;
+        const int64_t heads = std::min<int64_t>(kvpilot::grouped::kMaxGroup, group - head);
+        grouped_heads(heads, qp + at, keys.data(), values.data(), n, hd, scale, probs.data(),
+                      op + at);
+      }
+      continue;
+    }
+#endif
     probs.resize(n);
     for (int64_t head = 0; head < group; ++head) {
       const int64_t at = (d * H + kv * group + head) * hd;
-      scores<HD>(qp + at, keys.data(), n, hd, scale, probs.data());
+      scores<HD>(qp + at, keys.data(), n, hd, scale, probs.data(),
+                 head == 0 ? values.data() : nullptr);
       softmax(probs.data(), n);
       weighted_sum<HD>(probs.data(), values.data(), n, hd, op + at);
     }
@@ -229,58 +278,4 @@ torch::Tensor paged_decode_int8(
   TORCH_CHECK(k_scale.scalar_type() == torch::kFloat32 && v_scale.scalar_type() == torch::kFloat32);
   return decode<int8_t>(q, k_cache, v_cache, k_scale.data_ptr<float>(),
                         v_scale.data_ptr<float>(), block_tables, context_lens, scale, window);
-}
-
-// Quantize new keys or values [N, kv_heads, head_dim] per token per kv head into their cache
-// slots, bit for bit as kv_cache.quantize does: one call instead of about ten PyTorch ops.
-// Any strides: decode-sized projections come out transposed (see linear.py).
-void write_int8(torch::Tensor x, torch::Tensor cache, torch::Tensor scales, torch::Tensor slots) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && cache.scalar_type() == torch::kInt8);
-  TORCH_CHECK(cache.is_contiguous() && scales.is_contiguous());
-  const int64_t n = x.size(0), kvh = x.size(1), hd = x.size(2), step = x.stride(2);
-  const auto slot = slots.contiguous();
-  const int64_t* sp = slot.data_ptr<int64_t>();
-  const float* xp = x.data_ptr<float>();
-  int8_t* cp = cache.data_ptr<int8_t>();
-  float* scp = scales.data_ptr<float>();
-#pragma omp parallel for if (n > 64)
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t h = 0; h < kvh; ++h) {
-      const float* src = xp + t * x.stride(0) + h * x.stride(1);
-      float top = 0.0f;
-      for (int64_t i = 0; i < hd; ++i) top = std::max(top, std::abs(src[i * step]));
-      const float s = std::max(top / 127.0f, 1e-8f);
-      int8_t* dst = cp + (sp[t] * kvh + h) * hd;
-      for (int64_t i = 0; i < hd; ++i)
-        dst[i] = static_cast<int8_t>(std::nearbyint(src[i * step] / s));
-      scp[sp[t] * kvh + h] = s;
-    }
-  }
-}
-
-// New float32 keys and values [N, kv_heads, head_dim] (any strides) into their cache slots,
-// both in one call: two index_copy_ calls and their views cost several times the copy.
-void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
-           torch::Tensor slots) {
-  TORCH_CHECK(k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32);
-  TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32 && k_cache.is_contiguous() &&
-              v_cache.scalar_type() == torch::kFloat32 && v_cache.is_contiguous());
-  const int64_t n = k.size(0), kvh = k.size(1), hd = k.size(2);
-  TORCH_CHECK(v.sizes() == k.sizes() && k_cache.size(2) == kvh && k_cache.size(3) == hd);
-  const auto slot = slots.contiguous();
-  const int64_t* sp = slot.data_ptr<int64_t>();
-  const int64_t capacity = k_cache.size(0) * k_cache.size(1);
-  for (int64_t t = 0; t < n; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < capacity, "slot out of range");
-  for (auto [x, cache] : {std::pair{k, k_cache}, std::pair{v, v_cache}}) {
-    const float* xp = x.data_ptr<float>();
-    float* cp = cache.data_ptr<float>();
-    const int64_t step = x.stride(2);
-#pragma omp parallel for if (n > 64)
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t h = 0; h < kvh; ++h) {
-        const float* src = xp + t * x.stride(0) + h * x.stride(1);
-        float* dst = cp + (sp[t] * kvh + h) * hd;
-        for (int64_t i = 0; i < hd; ++i) dst[i] = src[i * step];
-      }
-  }
 }

@@ -1,0 +1,101 @@
+// Decode attention's two products for up to four query heads that share one kv head, in one pass
+// over that head's keys and one over its values (AVX-512, head_dim a multiple of 16).
+//
+// Scoring head by head reads every key once per query head; with the group in one pass each key
+// row is loaded once and serves all of them. The pass is bound by memory, not by its
+// multiply-adds: a sequence's rows sit in 16-token blocks scattered over the cache, too short a
+// run for the hardware prefetcher, so the scoring pass asks for the keys and the values kFar
+// rows ahead into L2 (the value pass then finds them there) and the value pass asks for its rows
+// kNear ahead into L1. Both distances were measured on SmolLM2's decode shapes (3 query heads per
+// kv head; benchmarks/engine_throughput.py times the whole).
+#pragma once
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "product.h"
+
+namespace kvpilot::grouped {
+
+constexpr int kMaxGroup = 4;  // query heads per pass: 16 accumulators of 4 keys, 4 key vectors
+constexpr int64_t kFar = 32;  // rows ahead requested into L2 while scoring
+constexpr int64_t kNear = 8;  // rows ahead requested into L1 while summing values
+
+// The four totals of a, b, c and d: pairwise within 128-bit lanes, then across them.
+inline __m128 totals4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 lanes =
+      _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+  const __m256 half =
+      _mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+// s[h * n + t] = scale * q[h] . keys[t] for G heads (q's rows hd apart) and n rows; values[t]
+// is only requested ahead.
+template <int G>
+void scores(const float* q, const float* const* keys, const float* const* values, int64_t n,
+            int64_t hd, float scale, float* s) {
+  const int64_t chunks = hd / 16;
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    for (int64_t j = t + kFar; j < std::min(n, t + kFar + 4); ++j) {
+      kvpilot::prefetch_l2(keys[j], 4 * hd);
+      kvpilot::prefetch_l2(values[j], 4 * hd);
+    }
+    __m512 acc[G][4];
+    for (int h = 0; h < G; ++h)
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      __m512 key[4];
+      for (int j = 0; j < 4; ++j) key[j] = _mm512_loadu_ps(keys[t + j] + 16 * c);
+      for (int h = 0; h < G; ++h) {
+        const __m512 qv = _mm512_loadu_ps(q + h * hd + 16 * c);
+        for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_fmadd_ps(qv, key[j], acc[h][j]);
+      }
+    }
+    for (int h = 0; h < G; ++h) {
+      const __m128 sums = totals4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+      _mm_storeu_ps(s + h * n + t, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+    }
+  }
+  for (; t < n; ++t) {
+    __m512 acc[G];
+    for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m512 key = _mm512_loadu_ps(keys[t] + 16 * c);
+      for (int h = 0; h < G; ++h)
+        acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * hd + 16 * c), key, acc[h]);
+    }
+    for (int h = 0; h < G; ++h) s[h * n + t] = _mm512_reduce_add_ps(acc[h]) * scale;
+  }
+}
+
+// out[h] = sum_t p[h * n + t] values[t] for G heads (out's rows hd apart), 64 dimensions at a
+// time so that G x 4 sums stay in registers.
+template <int G>
+void weighted_sum(const float* p, const float* const* values, int64_t n, int64_t hd, float* out) {
+  for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+    const int64_t chunks = std::min<int64_t>(64, hd - d0) / 16;
+    __m512 acc[G][4];
+    for (int h = 0; h < G; ++h)
+      for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      if (t + kNear < n) kvpilot::prefetch(values[t + kNear] + d0, 64 * chunks);
+      __m512 v[4];
+      for (int64_t c = 0; c < chunks; ++c) v[c] = _mm512_loadu_ps(values[t] + d0 + 16 * c);
+      for (int h = 0; h < G; ++h) {
+        const __m512 w = _mm512_set1_ps(p[h * n + t]);
+        for (int64_t c = 0; c < chunks; ++c) acc[h][c] = _mm512_fmadd_ps(w, v[c], acc[h][c]);
+      }
+    }
+    for (int h = 0; h < G; ++h)
+      for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + h * hd + d0 + 16 * c, acc[h][c]);
+  }
+}
+
+}  // namespace kvpilot::grouped
+#endif
