@@ -50,11 +50,25 @@ def test_kernel_matches_reference_for_every_group_size(head_dim, group, window):
     _kernel_against_reference(16, window, head_dim, None, heads=2 * group, kv_heads=2)
 
 
-def _kernel_against_reference(block_size, window, head_dim, scale, heads, kv_heads):
+@pytest.mark.skipif(kernel is None, reason="the CPU kernel did not build on this machine")
+@pytest.mark.parametrize("threads", [2, 8])  # a few rows' keys split in 2 to 7 parts
+@pytest.mark.parametrize("lens", [[1000], [1000, 3], [700, 260]])  # [1000, 3]: empty parts
+@pytest.mark.parametrize("window", [None, 300])
+@pytest.mark.parametrize("head_dim", [24, 64])  # 24: the per-head path, 64: grouped on AVX-512
+def test_kernel_splits_a_few_long_rows_and_merges_them_as_one(threads, lens, window, head_dim):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _kernel_against_reference(16, window, head_dim, None, 6, 2, lens)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _kernel_against_reference(block_size, window, head_dim, scale, heads, kv_heads, lens=None):
     torch.manual_seed(block_size + heads)
-    rows, num_blocks = 7, 1200
+    lens = torch.tensor(lens or [1, 2, 17, 64, 100, 3, 150])
+    rows, num_blocks = len(lens), 1200
     caches = [torch.randn(num_blocks, block_size, kv_heads, head_dim) for _ in range(2)]
-    lens = torch.tensor([1, 2, 17, 64, 100, 3, 150])
     width = -(-int(lens.max()) // block_size)
     tables = torch.randperm(num_blocks)[: rows * width].view(rows, width)
     q = torch.randn(rows, heads, head_dim)

@@ -1,6 +1,7 @@
 // Decode attention straight from the paged KV cache, for CPUs.
 //
-// One query token per sequence; each sequence and kv head is one OpenMP task. It finds that kv
+// One query token per sequence; each sequence and kv head is one OpenMP task (each part of its
+// keys, where a batch has too few sequences for the threads: decode_split.h). It finds that kv
 // head's keys and values through the block table once and serves every query head that shares
 // it (grouped-query attention), so nothing is copied, padded or repeated for float32. With
 // AVX-512 and a head_dim of a multiple of 16, up to four query heads of the group share one pass
@@ -15,7 +16,9 @@
 // there: widening int8 inside each head's dot product would redo it per query head.
 #include "grouped_heads.h"
 #include "kernels.h"
+#include "decode_split.h"
 #include "product.h"
+#include "softmax.h"
 
 #include <immintrin.h>
 
@@ -27,59 +30,8 @@
 namespace {
 
 using kvpilot::hsum;
-
-// e^x for 8 floats, x <= 0 (scores less their maximum): Cephes' expf, the argument reduced by
-// ln 2 in two parts and a degree-5 polynomial, within a few ulp of std::exp. A scalar exp per
-// score was most of a long context's decode attention.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // 2^n stays a normal float
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i bits = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-}
-
-// Lanes [0, n) of 8, for the tail of a row of scores.
-inline __m256i first_lanes(int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-// s[0, n) = softmax(s[0, n)), in place.
-void softmax(float* s, int64_t n) {
-  __m256 top = _mm256_set1_ps(-INFINITY);
-  int64_t t = 0;
-  for (; t + 8 <= n; t += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(s + t));
-  float m = -INFINITY;
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, top);
-  for (float lane : lanes) m = std::max(m, lane);
-  for (int64_t i = t; i < n; ++i) m = std::max(m, s[i]);
-  const __m256 shift = _mm256_set1_ps(m);
-  __m256 sum = _mm256_setzero_ps();
-  for (t = 0; t < n; t += 8) {
-    const __m256i mask = first_lanes(n - t);
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(s + t, mask), shift));
-    const __m256 kept = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
-    _mm256_maskstore_ps(s + t, mask, kept);
-    sum = _mm256_add_ps(sum, kept);
-  }
-  const __m256 inverse = _mm256_set1_ps(1.0f / hsum(sum));
-  for (t = 0; t < n; t += 8) {
-    const __m256i mask = first_lanes(n - t);
-    _mm256_maskstore_ps(s + t, mask, _mm256_mul_ps(_mm256_maskload_ps(s + t, mask), inverse));
-  }
-}
+using kvpilot::softmax_ops::exp_less_max;
+using kvpilot::softmax_ops::softmax;
 
 // The four sums of four vectors' lanes.
 inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -165,68 +117,98 @@ void gather_rows(const T* cache, const float* scales, const int64_t* table, int6
   }
 }
 
+// A task's share of one kv head's group of query heads: the whole of the visible keys, giving
+// the attention itself, or one part of them (see Split), giving each head's output before
+// normalising and its scores' {max, sum of e^(score - max)} in `stats`.
+struct Part {
+  float* out;    // [heads, hd]
+  float* stats;  // [heads, 2], or null when the part is the whole
+};
+
+// probs[0, n) are scores: made into the weights the values are summed with.
+inline void weigh(float* probs, int64_t n, float* stats) {
+  if (stats == nullptr) return softmax(probs, n);
+  const auto [top, total] = exp_less_max(probs, n);
+  stats[0] = top;
+  stats[1] = total;
+}
+
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 template <int G>
 void grouped_pass(const float* q, const float* const* keys, const float* const* values,
-                  int64_t n, int64_t hd, float scale, float* probs, float* out) {
+                  int64_t n, int64_t hd, float scale, float* probs, Part part) {
   kvpilot::grouped::scores<G>(q, keys, values, n, hd, scale, probs);
-  for (int h = 0; h < G; ++h) softmax(probs + h * n, n);
-  kvpilot::grouped::weighted_sum<G>(probs, values, n, hd, out);
+  for (int h = 0; h < G; ++h) weigh(probs + h * n, n, part.stats ? part.stats + 2 * h : nullptr);
+  kvpilot::grouped::weighted_sum<G>(probs, values, n, hd, part.out);
 }
 
 // `heads` (1 to 4) consecutive query heads of one kv head's group; probs holds heads x n.
 void grouped_heads(int64_t heads, const float* q, const float* const* keys,
                    const float* const* values, int64_t n, int64_t hd, float scale, float* probs,
-                   float* out) {
+                   Part part) {
   switch (heads) {
-    case 1: grouped_pass<1>(q, keys, values, n, hd, scale, probs, out); break;
-    case 2: grouped_pass<2>(q, keys, values, n, hd, scale, probs, out); break;
-    case 3: grouped_pass<3>(q, keys, values, n, hd, scale, probs, out); break;
-    default: grouped_pass<4>(q, keys, values, n, hd, scale, probs, out); break;
+    case 1: grouped_pass<1>(q, keys, values, n, hd, scale, probs, part); break;
+    case 2: grouped_pass<2>(q, keys, values, n, hd, scale, probs, part); break;
+    case 3: grouped_pass<3>(q, keys, values, n, hd, scale, probs, part); break;
+    default: grouped_pass<4>(q, keys, values, n, hd, scale, probs, part); break;
   }
 }
 #endif
 
-// One OpenMP task per sequence and kv head: a single sequence (batch 1) still uses every core,
-// and a task reads its kv head's keys and values for all the query heads that share it. HD is
-// the head dimension when known at compile time (the loops then unroll fully), or 0 to read
-// it at run time; either way a multiple of 8. ksp/vsp are the scales, null for float32.
+// One OpenMP task per sequence, kv head and part: a single sequence (batch 1) still uses every
+// core, and a task reads its kv head's keys and values for all the query heads that share it.
+// HD is the head dimension when known at compile time (the loops then unroll fully), or 0 to
+// read it at run time; either way a multiple of 8. ksp/vsp are the scales, null for float32.
 template <int64_t HD, typename T>
 void decode_rows(const float* qp, const T* kp, const T* vp, const float* ksp, const float* vsp,
                  const int64_t* bt, const int64_t* lens, float* op, int64_t D, int64_t H,
                  int64_t hd, int64_t bs, int64_t kvh, int64_t max_blocks, float scale,
-                 int64_t window) {
-  const int64_t group = H / kvh;  // query heads per kv head, consecutive
+                 int64_t window, kvpilot::Split& split) {
+  const int64_t group = H / kvh, parts = split.parts;  // query heads per kv head, consecutive
 #pragma omp parallel for schedule(dynamic)
-  for (int64_t task = 0; task < D * kvh; ++task) {
+  for (int64_t task = 0; task < D * kvh * parts; ++task) {
     thread_local std::vector<const float*> keys, values;
     thread_local std::vector<float> key_buf, value_buf, probs;
-    const int64_t d = task / kvh, kv = task % kvh, len = lens[d];
-    const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0, n = len - first;
+    const int64_t d = task / (kvh * parts), kv = task / parts % kvh, p = task % parts;
+    const int64_t len = lens[d], visible = window > 0 ? std::min(len, window) : len;
+    const int64_t span = (visible + parts - 1) / parts;
+    const int64_t first = len - visible + p * span, end = std::min(len, first + span);
+    const int64_t n = end - first, at = task * group;  // `at`: this part's first head in split
+    float* stats = parts > 1 ? split.stats.data() + 2 * at : nullptr;
+    if (n <= 0) {  // no keys: a part weighs nothing in the merge, a whole row reads zeros
+      if (stats) std::fill(stats, stats + 2 * group, 0.0f);
+      else std::fill(op + (d * H + kv * group) * hd, op + (d * H + (kv + 1) * group) * hd, 0.0f);
+      continue;
+    }
+    auto out = [&](int64_t head) {
+      return Part{parts > 1 ? split.out.data() + (at + head) * hd
+                            : op + (d * H + kv * group + head) * hd,
+                  stats ? stats + 2 * head : nullptr};
+    };
     const int64_t* table = bt + d * max_blocks;
-    gather_rows(kp, ksp, table, first, len, bs, kvh, kv, hd, keys, key_buf);
-    gather_rows(vp, vsp, table, first, len, bs, kvh, kv, hd, values, value_buf);
+    gather_rows(kp, ksp, table, first, end, bs, kvh, kv, hd, keys, key_buf);
+    gather_rows(vp, vsp, table, first, end, bs, kvh, kv, hd, values, value_buf);
+    const float* q = qp + (d * H + kv * group) * hd;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
     if (hd % 16 == 0) {
       probs.resize(kvpilot::grouped::kMaxGroup * n);
       for (int64_t head = 0; head < group; head += kvpilot::grouped::kMaxGroup) {
-        const int64_t at = (d * H + kv * group + head) * hd;
         const int64_t heads = std::min<int64_t>(kvpilot::grouped::kMaxGroup, group - head);
-        grouped_heads(heads, qp + at, keys.data(), values.data(), n, hd, scale, probs.data(),
-                      op + at);
+        grouped_heads(heads, q + head * hd, keys.data(), values.data(), n, hd, scale,
+                      probs.data(), out(head));
       }
       continue;
     }
 #endif
     probs.resize(n);
     for (int64_t head = 0; head < group; ++head) {
-      const int64_t at = (d * H + kv * group + head) * hd;
-      scores<HD>(qp + at, keys.data(), n, hd, scale, probs.data(),
+      scores<HD>(q + head * hd, keys.data(), n, hd, scale, probs.data(),
                  head == 0 ? values.data() : nullptr);
-      softmax(probs.data(), n);
-      weighted_sum<HD>(probs.data(), values.data(), n, hd, op + at);
+      weigh(probs.data(), n, out(head).stats);
+      weighted_sum<HD>(probs.data(), values.data(), n, hd, out(head).out);
     }
   }
+  if (parts > 1) split.merge(op, D, H, kvh, hd);
 }
 
 }  // namespace
@@ -242,11 +224,16 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
   auto out = torch::empty_like(q);
   const int64_t hd = q.size(2);
   TORCH_CHECK(hd % 8 == 0 && hd <= kMaxHeadDim, "head_dim: a multiple of 8, at most 256");
+  const int64_t D = q.size(0), kvh = k_cache.size(2);
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t d = 0; d < D; ++d)
+    longest = std::max(longest, window > 0 ? std::min(lp[d], window) : lp[d]);
+  kvpilot::Split split(D, q.size(1), kvh, hd, longest);
   auto rows = hd == 64 ? decode_rows<64, T> : hd == 128 ? decode_rows<128, T> : decode_rows<0, T>;
   rows(q.data_ptr<float>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), k_scale, v_scale,
-       tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<float>(), q.size(0),
-       q.size(1), hd, k_cache.size(1), k_cache.size(2), tables.size(1), static_cast<float>(scale),
-       window);
+       tables.data_ptr<int64_t>(), lp, out.data_ptr<float>(), D, q.size(1), hd, k_cache.size(1),
+       kvh, tables.size(1), static_cast<float>(scale), window, split);
   return out;
 }
 
