@@ -83,7 +83,7 @@ class ControlPlane:
         if missing:
             raise ControlPlaneError(
                 f"{', '.join(missing)} not in {self.bin}: run scripts/controlplane.sh "
-                "(scripts/setup.sh does) to build them from their pinned Go modules"
+                "(scripts/test.sh does) to build them from their pinned Go modules"
             )
         self.dir.mkdir(parents=True, exist_ok=True)
         self._keys()
