@@ -30,14 +30,6 @@ inline Vec load_first(const float* p, int64_t n) {
 }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float total(Vec v) { return _mm512_reduce_add_ps(v); }
-// The four totals of a, b, c and d: pairwise within 128-bit lanes, then across them.
-inline __m128 totals4(Vec a, Vec b, Vec c, Vec d) {
-  const Vec ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const Vec cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const Vec lanes = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
-  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1));
-  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
-}
 #else
 // 16 vector registers: 12 accumulators, 3 weight vectors, 1 input vector.
 using Vec = __m256;
@@ -97,7 +89,7 @@ void tile(const Operands& p, int64_t o0, int64_t r0, const float* ahead) {
     float* y = p.y + (r0 + r) * p.out + o0;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
     if constexpr (NO == 4) {
-      __m128 sums = totals4(acc[0][r], acc[1][r], acc[2][r], acc[3][r]);
+      __m128 sums = kvpilot::totals4(acc[0][r], acc[1][r], acc[2][r], acc[3][r]);
       if (p.bias) sums = _mm_add_ps(sums, _mm_loadu_ps(p.bias + o0));
       _mm_storeu_ps(y, sums);
       continue;

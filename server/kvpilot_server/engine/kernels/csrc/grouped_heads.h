@@ -23,17 +23,6 @@ constexpr int kMaxGroup = 4;  // query heads per pass: 16 accumulators of 4 keys
 constexpr int64_t kFar = 32;  // rows ahead requested into L2 while scoring
 constexpr int64_t kNear = 8;  // rows ahead requested into L1 while summing values
 
-// The four totals of a, b, c and d: pairwise within 128-bit lanes, then across them.
-inline __m128 totals4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512 lanes =
-      _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
-  const __m256 half =
-      _mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1));
-  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
-}
-
 // s[h * n + t] = scale * q[h] . keys[t] for G heads (q's rows hd apart) and n rows; values[t]
 // is only requested ahead.
 template <int G>
@@ -58,7 +47,7 @@ void scores(const float* q, const float* const* keys, const float* const* values
       }
     }
     for (int h = 0; h < G; ++h) {
-      const __m128 sums = totals4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+      const __m128 sums = kvpilot::totals4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
       _mm_storeu_ps(s + h * n + t, _mm_mul_ps(sums, _mm_set1_ps(scale)));
     }
   }

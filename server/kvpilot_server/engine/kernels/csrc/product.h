@@ -16,6 +16,19 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// The four totals of a, b, c and d: pairwise within 128-bit lanes, then across them.
+inline __m128 totals4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 lanes =
+      _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+  const __m256 half =
+      _mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+#endif
+
 // A weight row this many output rows ahead is requested before the current one is read: one
 // thread's stream of rows is too little for the hardware prefetcher to keep the memory bus busy
 // (measured on SmolLM2's int4 decode matrices: 3.85 -> 2.93 ms per step's worth).
