@@ -3,11 +3,12 @@
 At batch 1 the Python between a layer's kernels (module calls, views, splits) took about as
 long as its int4 products; the stack calls the same kernels in the same order from C++, so its
 output equals the modules' bit for bit (tests/server/engine/kernels/test_decode_stack.py holds it
-to that). It serves what those kernels serve: CPU float32 models whose decoder linears are all
-int4 or int8, no tensor parallelism, no q/k norms, Llama's layer (two norms, silu gates, the
+to that). It serves what those kernels serve: CPU float32 models whose decoder linears a compiled
+product runs (int4, int8, or float32 where layers/linear.py measured the compiled float32
+products fastest), no tensor parallelism, no q/k norms, Llama's layer (two norms, silu gates, the
 head_dim ** -0.5 query scale: not Gemma's), a float32 KV cache, and steps that are pure decodes of
-at most quant.KERNEL_MAX_ROWS sequences. The modules' loop (models/llama.py) runs
-everything else and stays the definition.
+at most as many sequences as every one of those products serves (kernels/operands.py's
+max_rows). The modules' loop (models/llama.py) runs everything else and stays the definition.
 """
 
 from typing import Any
@@ -18,7 +19,7 @@ from torch import nn
 from kvpilot_server.engine.kernels import cpu_kernels
 from kvpilot_server.engine.layers.attention import AttentionMetadata, DecodeGroup
 from kvpilot_server.engine.layers.kv_cache import LayerCache
-from kvpilot_server.engine.layers.quant import KERNEL_MAX_ROWS, WeightOnlyLinear
+from kvpilot_server.engine.layers.linear import DECODE_MAX_ROWS
 
 
 def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
@@ -44,6 +45,7 @@ def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
         cfg.rms_norm_eps,
         cfg.head_dim**-0.5,  # as layers/attention.py's decode passes it
         silu_kernel_max_rows,
+        DECODE_MAX_ROWS,  # float32 products: float32_linear up to here, float32_gemm beyond
     )
     for layer, window in zip(model.layers, cfg.layer_windows, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
@@ -58,26 +60,25 @@ def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
 
 def _linear(kernel: Any, module: nn.Module) -> Any | None:
     """The stack's copy of one decoder linear, or None when no compiled product serves it (a
-    float layer, or one off CPU float32). A LoRA wrapper's base serves: the stack runs only
-    steps without adapter rows (models/llama.py)."""
+    bfloat16 layer, one off CPU float32, or MKL measured fastest). A LoRA wrapper's base
+    serves: the stack runs only steps without adapter rows (models/llama.py)."""
     module = getattr(module, "base", module)
-    if not isinstance(module, WeightOnlyLinear):
-        return None
-    found = module.decode_operands()
+    operands = getattr(module, "decode_operands", None)
+    found = None if operands is None else operands()
     if found is None:
         return None
-    kind, weight, scale, minimum, group, bias = found
-    return kernel.stack_linear(kind.value, weight, scale, minimum, group, bias)
+    kind, weight, scale, minimum, group, bias, max_rows = found
+    return kernel.stack_linear(kind.value, weight, scale, minimum, group, bias, max_rows)
 
 
 def decode_group(
-    metas: dict[int | None, AttentionMetadata], rows: int, caches: list[LayerCache]
+    metas: dict[int | None, AttentionMetadata], rows: int, caches: list[LayerCache], max_rows: int
 ) -> DecodeGroup | None:
-    """The step's one decode group when the stack serves the step, else None. Every window's
-    metadata holds the same group: with the decode kernel, windows only change the kernel's
-    `window` argument, which the stack has per layer."""
+    """The step's one decode group when a stack serving up to `max_rows` rows serves the step,
+    else None. Every window's metadata holds the same group: with the decode kernel, windows
+    only change the kernel's `window` argument, which the stack has per layer."""
     first = caches[0]
-    if rows > KERNEL_MAX_ROWS or first.k_scale is not None or first.k.dtype != torch.float32:
+    if rows > max_rows or first.k_scale is not None or first.k.dtype != torch.float32:
         return None
     for meta in metas.values():
         if meta.kernel is None or meta.prefills or len(meta.decodes) != 1:

@@ -1,10 +1,10 @@
-"""What a quantized linear layer hands the compiled kernels: which product it runs and the
-tensors it runs it on.
+"""What a linear layer hands the compiled kernels: which product it runs, on which tensors, for
+how many rows.
 
-The layers (layers/quant.py) say this through decode_operands(), so that a kernel caller (the
-decode stack, kernels/decode_stack.py) needs neither their buffer table nor their kernel
-functions' names: a layer that changes how it stores its weights changes what it returns, and
-the callers follow.
+The layers (layers/quant.py's int8 and int4, layers/mlp.py's float Linear) say this through
+decode_operands(), so that a kernel caller (the decode stack, kernels/decode_stack.py) needs
+neither their buffer table, their kernel functions' names nor their measured choices: a layer
+that changes how it stores its weights changes what it returns, and the callers follow.
 """
 
 import enum
@@ -20,6 +20,9 @@ class ProductKind(enum.Enum):
     INT4 = "int4"  # int4 weights against float activations (csrc/weight_only.cpp)
     # int4 weights against activations quantized to int8 per block (csrc/int8_activations.cpp)
     INT4_INT8 = "int4_int8"
+    # float32 weights as stored: csrc/weight_only.cpp's float32_linear for a few rows, then
+    # csrc/float32_gemm.cpp's register tiles (layers/linear.py measures both against MKL)
+    FLOAT32 = "float32"
 
 
 class DecodeOperands(NamedTuple):
@@ -27,7 +30,8 @@ class DecodeOperands(NamedTuple):
 
     kind: ProductKind
     weight: torch.Tensor
-    scale: torch.Tensor
-    minimum: torch.Tensor | None  # int4's per-group minimum; None for int8
-    group: int  # int4's group size; 0 for int8
+    scale: torch.Tensor | None  # None for float32
+    minimum: torch.Tensor | None  # int4's per-group minimum; None for int8 and float32
+    group: int  # int4's group size; 0 for the others
     bias: torch.Tensor | None
+    max_rows: int  # rows up to which this product serves the layer; beyond, its module does

@@ -90,6 +90,15 @@ def batch_product() -> tuple[str, Product]:
     return _fastest(found, BATCH_PROBE_ROWS)
 
 
+def compiled_max_rows() -> int:
+    """Rows up to which linear() runs a contiguous float32 weight through the compiled products
+    alone (float32_linear up to DECODE_MAX_ROWS, float32_gemm beyond): what the decode stack may
+    call in its place (kernels/decode_stack.py). 0 where MKL won the one-row measurement."""
+    if decode_product()[0] != "kernel":
+        return 0
+    return BATCH_MAX_ROWS if batch_product()[0] == "gemm" else DECODE_MAX_ROWS
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     rows = x.shape[0]
     if not x.is_cpu or rows > SPLIT_MAX_ROWS:

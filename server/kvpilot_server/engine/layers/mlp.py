@@ -14,8 +14,9 @@ from torch import nn
 from kvpilot_common.errors import ModelLoadError
 from kvpilot_server.engine.distributed.group import TensorParallel
 from kvpilot_server.engine.kernels import cpu_kernels
+from kvpilot_server.engine.kernels.operands import DecodeOperands, ProductKind
 from kvpilot_server.engine.layers.direct import Direct
-from kvpilot_server.engine.layers.linear import linear
+from kvpilot_server.engine.layers.linear import compiled_max_rows, linear
 
 # Rows up to which the compiled silu(gate) * up wins (measured on SmolLM2's MLP): its exp is
 # scalar and PyTorch's vectorized, so past a few rows PyTorch's per-call overhead is repaid.
@@ -51,6 +52,19 @@ def layer_ops(x: torch.Tensor) -> ModuleType | None:
 class Linear(Direct, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+    def decode_operands(self) -> DecodeOperands | None:
+        """The compiled float32 products linear() runs this layer's decode rows through (the
+        decode stack calls them in its place), or None where it runs none: another dtype or
+        device, or MKL measured fastest."""
+        weight = self.weight
+        if not weight.is_cpu or weight.dtype != torch.float32 or not weight.is_contiguous():
+            return None
+        rows = compiled_max_rows()
+        if rows == 0:
+            return None
+        bias = None if self.bias is None else self.bias.detach()
+        return DecodeOperands(ProductKind.FLOAT32, weight.detach(), None, None, 0, bias, rows)
 
 
 class MLP(Direct):

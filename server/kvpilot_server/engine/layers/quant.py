@@ -156,7 +156,9 @@ class Int8Linear(WeightOnlyLinear):
     def decode_operands(self) -> DecodeOperands | None:
         if self.kernel is None:
             return None
-        return DecodeOperands(ProductKind.INT8, self.weight, self.scale, None, 0, self.bias)
+        return DecodeOperands(
+            ProductKind.INT8, self.weight, self.scale, None, 0, self.bias, KERNEL_MAX_ROWS
+        )
 
 
 class Int4Linear(WeightOnlyLinear):
@@ -187,7 +189,13 @@ class Int4Linear(WeightOnlyLinear):
         if self.kernel is None:
             return None
         return DecodeOperands(
-            self.kind, self.weight, self.scale, self.minimum, self.group, self.bias
+            self.kind,
+            self.weight,
+            self.scale,
+            self.minimum,
+            self.group,
+            self.bias,
+            KERNEL_MAX_ROWS,
         )
 
 

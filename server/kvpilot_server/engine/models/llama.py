@@ -184,7 +184,7 @@ class LlamaForCausalLM(nn.Module):
         group = None
         # The stack runs the base weights alone: a step with adapter rows takes the modules.
         if self.stack is not None and (self.lora is None or self.lora[0].batch is None):
-            group = decode_stack.decode_group(metas, len(x), kv_caches)
+            group = decode_stack.decode_group(metas, len(x), kv_caches, self.stack.max_rows)
         if group is not None:
             tables = group.block_ids.view(len(x), group.blocks)
             keys, values = [c.k for c in kv_caches], [c.v for c in kv_caches]

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from kvpilot_server.engine.kernels import cpu_kernels
+from kvpilot_server.engine.kernels.operands import ProductKind
+from kvpilot_server.engine.layers import linear as module
 from kvpilot_server.engine.layers.linear import (
     BATCH_MAX_ROWS,
     DECODE_MAX_ROWS,
@@ -16,6 +18,7 @@ from kvpilot_server.engine.layers.linear import (
     decode_product,
     linear,
 )
+from kvpilot_server.engine.layers.mlp import Linear
 
 # Summation order differs (the kernel adds in 8-wide lanes): float32 rounding, relative to sums
 # of hundreds of unit-variance products.
@@ -49,6 +52,25 @@ def test_every_candidate_equals_pytorch(name, rows):
     torch.testing.assert_close(got, F.linear(x, weight, bias), **CLOSE)
 
 
+@pytest.mark.parametrize("rows", range(1, DECODE_MAX_ROWS + 3))  # its 1-4-row loop, then beyond
+@pytest.mark.parametrize("shape", [(961, 577), (576, 1536), (5, 16), (3, 7)])
+def test_the_few_rows_kernel_equals_pytorch(rows, shape):
+    """float32_linear against float64: on AVX-512 up to 4 rows take their own 16-lane loop
+    (masked tails where the inputs are no multiple of 16), more rows the 8-lane product."""
+    kernel = cpu_kernels.load()
+    assert kernel is not None
+    generator = torch.Generator().manual_seed(rows * 1000 + shape[0])
+    out_features, in_features = shape
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator)
+    expected = F.linear(x.double(), weight.double(), bias.double()).float()
+    torch.testing.assert_close(kernel.float32_linear(x, weight, bias), expected, **CLOSE)
+    torch.testing.assert_close(kernel.float32_linear(x, weight, None), expected - bias, **CLOSE)
+    transposed = x.t().contiguous().t()  # a strided input is made contiguous, not misread
+    torch.testing.assert_close(kernel.float32_linear(transposed, weight, bias), expected, **CLOSE)
+
+
 @pytest.mark.parametrize("rows", range(1, 14))  # every tail of its row tiles (4 or 6 rows)
 @pytest.mark.parametrize("shape", [(961, 577), (576, 1536), (5, 16), (3, 7)])
 def test_the_batch_kernel_equals_pytorch(rows, shape):
@@ -79,3 +101,22 @@ def test_a_non_contiguous_weight_takes_the_pytorch_path():
     x, weight = torch.randn(2, 64), torch.randn(64, 96)[:, :64]  # a view with a row stride
     assert not weight.is_contiguous()
     torch.testing.assert_close(linear(x, weight, None), F.linear(x, weight, None), **CLOSE)
+
+
+def test_a_float_layer_names_the_compiled_products_it_runs(monkeypatch):
+    """What the decode stack builds a float32 layer from: the weight as stored, and the rows
+    linear() would run through the compiled products, by the measured choices."""
+    layer = Linear(64, 32, bias=True)
+    kernel = cpu_kernels.load()
+    measured = {"kernel": kernel.float32_linear, "gemm": kernel.float32_gemm, "split": F.linear}
+    for small, batch, rows in [("kernel", "gemm", BATCH_MAX_ROWS), ("kernel", "split", 4)]:
+        monkeypatch.setattr(module, "decode_product", lambda s=small: (s, measured[s]))
+        monkeypatch.setattr(module, "batch_product", lambda b=batch: (b, measured[b]))
+        found = layer.decode_operands()
+        assert found is not None and found.kind is ProductKind.FLOAT32
+        assert found.weight is not None and torch.equal(found.weight, layer.weight)
+        assert torch.equal(found.bias, layer.bias) and found.max_rows == rows
+    monkeypatch.setattr(module, "decode_product", lambda: ("split", F.linear))
+    assert layer.decode_operands() is None  # MKL measured fastest: nothing compiled to call
+    monkeypatch.setattr(module, "decode_product", lambda: ("kernel", kernel.float32_linear))
+    assert Linear(64, 32, dtype=torch.bfloat16).decode_operands() is None

@@ -161,13 +161,21 @@ def test_quantized_layers_name_their_kernel_and_its_operands():
     torch.manual_seed(0)
     buffer = DenseBuffer(torch.empty(0))
     int8 = Int8Linear(nn.Linear(64, 32), buffer)
-    assert int8.decode_operands() == (ProductKind.INT8, int8.weight, int8.scale, None, 0, int8.bias)
+    assert int8.decode_operands() == (
+        ProductKind.INT8,
+        int8.weight,
+        int8.scale,
+        None,
+        0,
+        int8.bias,
+        KERNEL_MAX_ROWS,
+    )
     span = cpu_kernels.load().INT8_ACTIVATION_SPAN
     for inputs, kind in [(span, ProductKind.INT4_INT8), (span + 32, ProductKind.INT4)]:
         int4 = Int4Linear(nn.Linear(inputs, 32, bias=False), buffer, 32)
         found = int4.decode_operands()
         assert found is not None and found.kind is kind
-        assert found[1:] == (int4.weight, int4.scale, int4.minimum, 32, None)
+        assert found[1:] == (int4.weight, int4.scale, int4.minimum, 32, None, KERNEL_MAX_ROWS)
         int4.kernel = None  # off CPU float32: no compiled product serves it
         assert int4.decode_operands() is None
 
@@ -265,13 +273,15 @@ def test_the_prebuilt_avx2_kernels_load_and_give_the_same_answers(tmp_path, monk
         for name, args in (("int4_int8_linear", int4_args), ("int8_int8_linear", int8_args)):
             expected = getattr(native, name)(x, *args)
             assert torch.equal(getattr(portable, name)(x, *args), expected), name
-    # The float32 batch product's AVX2 tiles (3 outputs by 4 rows, 8 lanes) against a float64
-    # reference: its sums run in other lanes than the AVX-512 build's, so close, not equal.
-    for rows in (5, 7, 43):
+    # The float32 products' AVX2 loops (the batch product's 3 outputs by 4 rows; 8 lanes for
+    # few rows) against a float64 reference: their sums run in other lanes than the AVX-512
+    # build's, so close, not equal.
+    for rows in (1, 4, 5, 7, 43):
         x = torch.randn(rows, 1536)
         expected = nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
-        got = portable.float32_gemm(x, linear.weight.detach(), linear.bias.detach())
-        torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-4)
+        for name in ("float32_linear", "float32_gemm"):
+            got = getattr(portable, name)(x, linear.weight.detach(), linear.bias.detach())
+            torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-4)
     # Decode attention: the AVX2 build scores one query head at a time, the AVX-512 build up to
     # four of a group in one pass; the same sums in other orders.
     cache = [torch.randn(64, 16, 2, 64) for _ in range(2)]

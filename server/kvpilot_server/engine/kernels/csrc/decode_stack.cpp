@@ -4,41 +4,52 @@
 // The same kernels as the model's modules call one by one (kernels.h), in the same order, so
 // the result is the same bit for bit; what goes is the Python between them: at batch 1 the
 // interpreter's share of a decode step (module calls, views, splits, argument checks) was as
-// long as the int4 products themselves. Serves quantized (int4, int8) decoders on a float32 KV
-// cache, one decode per sequence, no tensor parallelism, no q/k norms; the modules serve the
-// rest (engine/decode_stack.py decides).
+// long as the int4 products themselves. Serves decoders whose linears a compiled product runs
+// (int4, int8, float32) on a float32 KV cache, one decode per sequence, no tensor parallelism, no
+// q/k norms; the modules serve the rest (engine/kernels/decode_stack.py decides).
 #include "kernels.h"
 
+#include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace {
 
-enum class Kind { kInt4Int8, kInt4, kInt8 };
+enum class Kind { kInt4Int8, kInt4, kInt8, kFloat32 };
 
 // One linear layer as its decode kernel reads it.
 struct Linear {
   Kind kind;
-  torch::Tensor q, scale, minimum;  // minimum: int4 only
+  torch::Tensor q, scale, minimum;  // q: the weight; scale: not float32; minimum: int4 only
   int64_t group;                    // int4 only
   c10::optional<torch::Tensor> bias;
+  int64_t max_rows;  // rows this product serves (engine/kernels/operands.py)
 
-  torch::Tensor operator()(const torch::Tensor& x) const {
+  // float32_rows: rows up to which float32_linear serves a float32 weight, float32_gemm beyond.
+  torch::Tensor operator()(const torch::Tensor& x, int64_t float32_rows) const {
     switch (kind) {
       case Kind::kInt4Int8: return int4_int8_linear(x, q, scale, minimum, group, bias);
       case Kind::kInt4: return int4_linear(x, q, scale, minimum, group, bias);
       case Kind::kInt8: return int8_linear(x, q, scale, bias);
+      case Kind::kFloat32:
+        return x.size(0) <= float32_rows ? float32_linear(x, q, bias) : float32_gemm(x, q, bias);
     }
     TORCH_CHECK(false, "unknown linear kind");
   }
 };
 
-Linear make_linear(const std::string& kind, torch::Tensor q, torch::Tensor scale,
+Linear make_linear(const std::string& kind, torch::Tensor q, c10::optional<torch::Tensor> scale,
                    c10::optional<torch::Tensor> minimum, int64_t group,
-                   c10::optional<torch::Tensor> bias) {
+                   c10::optional<torch::Tensor> bias, int64_t max_rows) {
   const Kind k = kind == "int4_int8" ? Kind::kInt4Int8 : kind == "int4" ? Kind::kInt4
-                 : kind == "int8" ? Kind::kInt8 : throw std::invalid_argument("kind: " + kind);
-  TORCH_CHECK(k == Kind::kInt8 || minimum.has_value(), "int4 needs its minimums");
-  return {k, q, scale, minimum.value_or(torch::Tensor()), group, bias};
+                 : kind == "int8" ? Kind::kInt8 : kind == "float32" ? Kind::kFloat32
+                 : throw std::invalid_argument("kind: " + kind);
+  TORCH_CHECK(k == Kind::kFloat32 || scale.has_value(), "quantized weights need their scales");
+  TORCH_CHECK(k == Kind::kInt8 || k == Kind::kFloat32 || minimum.has_value(),
+              "int4 needs its minimums");
+  TORCH_CHECK(max_rows > 0, "max_rows: at least one row");
+  return {k, q, scale.value_or(torch::Tensor()), minimum.value_or(torch::Tensor()), group, bias,
+          max_rows};
 }
 
 struct Layer {
@@ -50,14 +61,19 @@ struct Layer {
 class DecodeStack {
  public:
   DecodeStack(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
-              int64_t silu_kernel_max_rows)
+              int64_t silu_kernel_max_rows, int64_t float32_linear_max_rows)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps), scale_(scale),
-        silu_rows_(silu_kernel_max_rows) {}
+        silu_rows_(silu_kernel_max_rows), float32_rows_(float32_linear_max_rows) {}
 
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, Linear qkv, Linear o,
                  Linear gate_up, Linear down, int64_t window) {
+    for (const Linear* l : {&qkv, &o, &gate_up, &down})
+      max_rows_ = std::min(max_rows_, l->max_rows);
     layers_.push_back({input_norm, post_norm, qkv, o, gate_up, down, window});
   }
+
+  // The most rows a step may have for every linear's product to serve it.
+  int64_t max_rows() const { return layers_.empty() ? 0 : max_rows_; }
 
   // x: the embeddings [rows, hidden]; cos, sin [rows, 1, head_dim]; one K and V cache per
   // layer; slots [rows]; tables [rows, blocks] and lens [rows] as paged_decode takes them.
@@ -70,28 +86,29 @@ class DecodeStack {
                                      torch::Tensor lens) const {
     const size_t n = layers_.size();
     TORCH_CHECK(k_caches.size() == n && v_caches.size() == n, "one K and V cache per layer");
-    const int64_t rows = x.size(0), qk = heads_ + kv_heads_;
+    const int64_t rows = x.size(0), qk = heads_ + kv_heads_, f32 = float32_rows_;
+    TORCH_CHECK(rows <= max_rows(), "more rows than the stack's products serve");
     torch::Tensor residual = x;
     for (size_t i = 0; i < n; ++i) {
       const Layer& l = layers_[i];
       // The first layer's residual stream is the embeddings themselves.
       auto h = i == 0 ? rms_norm(x, l.input_norm, eps_)
                       : add_rms_norm(x, residual, l.input_norm, eps_);
-      auto qkv = l.qkv(h).view({rows, qk + kv_heads_, head_dim_});
+      auto qkv = l.qkv(h, f32).view({rows, qk + kv_heads_, head_dim_});
       auto rotated = rotate(qkv.narrow(1, 0, qk), cos, sin);
       write_kv(rotated.narrow(1, heads_, kv_heads_), qkv.narrow(1, qk, kv_heads_), k_caches[i],
                v_caches[i], slots);
       auto attended = paged_decode(rotated.narrow(1, 0, heads_).contiguous(), k_caches[i],
                                    v_caches[i], tables, lens, scale_, l.window);
-      h = add_rms_norm(l.o(attended.view({rows, heads_ * head_dim_})), residual, l.post_norm,
+      h = add_rms_norm(l.o(attended.view({rows, heads_ * head_dim_}), f32), residual, l.post_norm,
                        eps_);
-      auto gate_up = l.gate_up(h);
+      auto gate_up = l.gate_up(h, f32);
       const int64_t width = gate_up.size(1) / 2;
       // As llama.MLP chooses: the compiled silu for few rows, PyTorch's vectorised one beyond.
       auto act = rows <= silu_rows_ ? silu_mul(gate_up)
                                     : torch::silu(gate_up.narrow(1, 0, width)) *
                                           gate_up.narrow(1, width, width);
-      x = l.down(act);
+      x = l.down(act, f32);
     }
     return {x, residual};
   }
@@ -99,7 +116,8 @@ class DecodeStack {
  private:
   int64_t heads_, kv_heads_, head_dim_;
   double eps_, scale_;
-  int64_t silu_rows_;
+  int64_t silu_rows_, float32_rows_;
+  int64_t max_rows_ = std::numeric_limits<int64_t>::max();
   std::vector<Layer> layers_;
 };
 
@@ -109,10 +127,12 @@ void bind_decode_stack(pybind11::module& m) {
   namespace py = pybind11;
   py::class_<Linear>(m, "StackLinear");
   m.def("stack_linear", &make_linear,
-        "one layer for DecodeStack: kind int4_int8, int4 or int8, its tensors, group, bias");
+        "one layer for DecodeStack: kind int4_int8, int4, int8 or float32, its tensors, group, "
+        "bias, the rows it serves");
   py::class_<DecodeStack>(m, "DecodeStack")
-      .def(py::init<int64_t, int64_t, int64_t, double, double, int64_t>())
+      .def(py::init<int64_t, int64_t, int64_t, double, double, int64_t, int64_t>())
       .def("add_layer", &DecodeStack::add_layer)
+      .def_property_readonly("max_rows", &DecodeStack::max_rows)
       .def("forward", &DecodeStack::forward, py::call_guard<py::gil_scoped_release>(),
            "every decoder layer's decode step: (hidden, residual)");
 }

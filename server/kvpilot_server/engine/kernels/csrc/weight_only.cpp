@@ -220,12 +220,76 @@ Int4Weights int4_weights(const torch::Tensor& q, const torch::Tensor& scale,
   return {q.data_ptr<uint8_t>(), half_bits(scale), half_bits(minimum), in, group};
 }
 
+#if defined(__AVX512F__)
+// float32 weights against up to kWideRows rows where the CPU has AVX-512: one 16-lane load per
+// 64-byte line of a weight row serves every input row, half the loads and multiply-adds of the
+// 8-lane loop above, and one prefetch per line. A decode step at batch 1 is this loop over
+// every weight, memory-bound only while its instructions keep up with the memory; the 8-lane
+// loop with product()'s burst of prefetches per row read SmolLM2's matrices measurably slower
+// (benchmarks/engine_throughput.py's batch-1 figure against its bandwidth bound).
+constexpr int64_t kWideRows = 4;
+
+template <int R>
+torch::Tensor float32_wide(const torch::Tensor& x, const torch::Tensor& w, const float* bias) {
+  const int64_t out = w.size(0), in = w.size(1);
+  auto y = torch::empty({R, out}, x.options());
+  const float* wp = w.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t tail = in % 16;
+  const __mmask16 lanes = static_cast<__mmask16>((1u << tail) - 1);
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < out; ++o) {
+    const float* row = wp + o * in;
+    // Each line of the row kAhead rows on is asked for, into L2, as the same line of this one
+    // is read: spread over the loop, not in a burst before it, and not into L1, where at 4
+    // rows the requests pushed out the inputs (both measured slower).
+    const char* ahead = reinterpret_cast<const char*>(o + kAhead < out ? row + kAhead * in : row);
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= in; i += 16) {
+      _mm_prefetch(ahead + 4 * i, _MM_HINT_T1);
+      const __m512 wv = _mm512_loadu_ps(row + i);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp + r * in + i), acc[r]);
+    }
+    if (tail) {  // the missing lanes load as zeros
+      const __m512 wv = _mm512_maskz_loadu_ps(lanes, row + i);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(lanes, xp + r * in + i), acc[r]);
+    }
+    for (int r = 0; r < R; ++r)
+      yp[r * out + o] = _mm512_reduce_add_ps(acc[r]) + (bias ? bias[o] : 0.0f);
+  }
+  return y;
+}
+#endif
+
 }  // namespace
 
 torch::Tensor float32_linear(torch::Tensor x, torch::Tensor w,
                              c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.is_contiguous(), "w: contiguous float32");
   TORCH_CHECK(x.size(1) == w.size(1), "x and w: in features differ");
+#if defined(__AVX512F__)
+  if (x.size(0) <= kWideRows) {
+    auto xc = rows_of(x);
+    c10::optional<torch::Tensor> b;
+    if (bias.has_value()) {
+      b = bias->contiguous();
+      TORCH_CHECK(b->scalar_type() == torch::kFloat32 && b->numel() == w.size(0), "bias: [out]");
+    }
+    const float* bp = b ? b->data_ptr<float>() : nullptr;
+    switch (xc.size(0)) {
+      case 0: return torch::empty({0, w.size(0)}, x.options());
+      case 1: return float32_wide<1>(xc, w, bp);
+      case 2: return float32_wide<2>(xc, w, bp);
+      case 3: return float32_wide<3>(xc, w, bp);
+      default: return float32_wide<4>(xc, w, bp);
+    }
+  }
+#endif
   return matmul(Float32Weights{w.data_ptr<float>(), w.size(1)}, x, w.size(0), bias);
 }
 
