@@ -8,7 +8,7 @@ from typing import Any
 def engine_machine() -> dict[str, Any]:
     import torch
 
-    from kvpilot_server.engine.layers.half_matrices import amx_capable
+    from kvpilot_server.engine.layers.half_matrices import amx_capable, bfloat16_capable
 
     return {
         "cpus": os.cpu_count(),
@@ -16,4 +16,5 @@ def engine_machine() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "amx": amx_capable(),
+        "bfloat16_products": bfloat16_capable(),  # AMX or AVX-512 BF16: dtype auto's bfloat16
     }

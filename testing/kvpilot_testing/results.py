@@ -30,8 +30,18 @@ from .paths import ROOT
 
 RESULTS = ROOT / "benchmarks" / "results"
 # The flags that decide which kernels run and how fast: AVX2 the int8/int4 CPU kernels, VNNI
-# their int8 dot products, AVX-512 the wider vectors, AMX the bfloat16 matrices (oneDNN).
-SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+# their int8 dot products, AVX-512 the wider vectors, AMX or AVX-512 BF16 the bfloat16 matrices
+# (oneDNN).
+SPEED_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 # Settings that change which code runs or how many threads it gets, kept when set:
 # KVPILOT_CPU_KERNELS=0 measures PyTorch's reference path instead of the compiled kernels.
 SPEED_ENV = ("KVPILOT_CPU_KERNELS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")

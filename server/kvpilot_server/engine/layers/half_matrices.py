@@ -1,15 +1,17 @@
 """dtype bfloat16 on CPU: the decoder's and lm_head's matrices are stored and multiplied in
 bfloat16; everything between them stays float32.
 
-CPUs with AMX (Intel Sapphire Rapids and later) multiply bfloat16 matrices several times faster
-than float32 ones (oneDNN, behind torch's linear), from half the bytes. The rest of a step
+CPUs that multiply bfloat16 in hardware run these products faster than float32 ones, from half
+the bytes (oneDNN, behind torch's linear): several times with AMX tiles (Intel Sapphire Rapids
+and later), about twice with AVX-512's bfloat16 dot products (AMD Zen 4 and later, Intel Cooper
+Lake; benchmarks/engine_throughput.py runs both dtypes on such a CPU). The rest of a step
 (norms, rotary, attention over the KV cache, sampling) gains nothing from bfloat16 on a CPU and
 has its compiled kernels in float32, so it stays there, and so does the KV cache: activations
 are rounded to bfloat16 only on their way into a product, whose output comes back as float32.
-The cost in quality is in `kvpilot eval`. Without AMX, bfloat16 products are far slower than
-float32 ones (model_setup.resolve_dtype warns). So dtype auto means this mode on a CPU with AMX
-and float32 on one without (precision.resolve_dtype); float32 is the dtype whose greedy output
-equals Hugging Face's.
+The cost in quality is in `kvpilot eval`. Without either, bfloat16 products are far slower than
+float32 ones (model_setup.resolve_dtype warns). So dtype auto means this mode on a CPU with
+either and float32 on one with neither (precision.resolve_dtype); float32 is the dtype whose
+greedy output equals Hugging Face's.
 """
 
 import logging
@@ -30,10 +32,20 @@ def applies(dtype: str, device: torch.device) -> bool:
     return device.type == "cpu" and dtype == "bfloat16"
 
 
-def amx_capable() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in hardware (AMX tiles)."""
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private: absent means no
+def _probe(name: str) -> bool:
+    probe = getattr(torch.cpu, name, None)  # private (torch's cpuinfo, as oneDNN's): absent is no
     return bool(probe and probe())
+
+
+def amx_capable() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in AMX tiles."""
+    return _probe("_is_amx_tile_supported")
+
+
+def bfloat16_capable() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware: AMX tiles, or AVX-512's bfloat16 dot
+    products (vdpbf16ps), the two kinds oneDNN runs bfloat16 products on."""
+    return amx_capable() or _probe("_is_avx512_bf16_supported")
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor | None:

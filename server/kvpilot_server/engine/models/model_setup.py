@@ -165,8 +165,8 @@ def describe_device(device: torch.device) -> str:
 
 def dtype_name(name: str, device: torch.device) -> str:
     """What a dtype setting means on this device: auto resolved (precision.py says why)."""
-    amx = device.type == "cpu" and half_matrices.amx_capable()
-    return precision.resolve_dtype(name, gpu=device.type == "cuda", amx=amx)
+    native = device.type == "cpu" and half_matrices.bfloat16_capable()
+    return precision.resolve_dtype(name, gpu=device.type == "cuda", bfloat16_products=native)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -174,8 +174,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     float32 and only its matrices bfloat16: engine/layers/half_matrices.py)."""
     name = dtype_name(name, device)
     if half_matrices.applies(name, device):
-        if not half_matrices.amx_capable():
-            log.warning("this CPU has no AMX: bfloat16 products are far slower than float32")
+        if not half_matrices.bfloat16_capable():
+            log.warning(
+                "this CPU has neither AMX nor AVX-512 bfloat16 dot products: bfloat16 products "
+                "are far slower than float32"
+            )
         return torch.float32
     if device.type == "cpu" and name != precision.AUTO_DTYPE_CPU:
         log.warning("dtype %s on CPU is usually far slower than float32", name)
