@@ -52,40 +52,29 @@ def test_every_candidate_equals_pytorch(name, rows):
     torch.testing.assert_close(got, F.linear(x, weight, bias), **CLOSE)
 
 
-@pytest.mark.parametrize("rows", range(1, DECODE_MAX_ROWS + 3))  # its 1-4-row loop, then beyond
+# float32_linear: on AVX-512 up to 4 rows take their own 16-lane loop (masked tails where the
+# inputs are no multiple of 16), more rows the 8-lane product; float32_gemm: every tail of its
+# row tiles (4 or 6 rows).
+COMPILED = [("float32_linear", rows) for rows in range(1, DECODE_MAX_ROWS + 3)]
+COMPILED += [("float32_gemm", rows) for rows in range(1, 14)]
+
+
+@pytest.mark.parametrize("name, rows", COMPILED)
 @pytest.mark.parametrize("shape", [(961, 577), (576, 1536), (5, 16), (3, 7)])
-def test_the_few_rows_kernel_equals_pytorch(rows, shape):
-    """float32_linear against float64: on AVX-512 up to 4 rows take their own 16-lane loop
-    (masked tails where the inputs are no multiple of 16), more rows the 8-lane product."""
+def test_the_compiled_products_equal_pytorch(name, rows, shape):
     kernel = cpu_kernels.load()
-    assert kernel is not None
+    assert kernel is not None  # the kernels build here; otherwise decode loses its candidates
+    product = getattr(kernel, name)
     generator = torch.Generator().manual_seed(rows * 1000 + shape[0])
     out_features, in_features = shape
     x = torch.randn(rows, in_features, generator=generator)
     weight = torch.randn(out_features, in_features, generator=generator)
     bias = torch.randn(out_features, generator=generator)
     expected = F.linear(x.double(), weight.double(), bias.double()).float()
-    torch.testing.assert_close(kernel.float32_linear(x, weight, bias), expected, **CLOSE)
-    torch.testing.assert_close(kernel.float32_linear(x, weight, None), expected - bias, **CLOSE)
+    torch.testing.assert_close(product(x, weight, bias), expected, **CLOSE)
+    torch.testing.assert_close(product(x, weight, None), expected - bias, **CLOSE)
     transposed = x.t().contiguous().t()  # a strided input is made contiguous, not misread
-    torch.testing.assert_close(kernel.float32_linear(transposed, weight, bias), expected, **CLOSE)
-
-
-@pytest.mark.parametrize("rows", range(1, 14))  # every tail of its row tiles (4 or 6 rows)
-@pytest.mark.parametrize("shape", [(961, 577), (576, 1536), (5, 16), (3, 7)])
-def test_the_batch_kernel_equals_pytorch(rows, shape):
-    kernel = cpu_kernels.load()
-    assert kernel is not None  # the kernels build here; otherwise batches lose a candidate
-    generator = torch.Generator().manual_seed(rows * 1000 + shape[0])
-    out_features, in_features = shape
-    x = torch.randn(rows, in_features, generator=generator)
-    weight = torch.randn(out_features, in_features, generator=generator)
-    bias = torch.randn(out_features, generator=generator)
-    expected = F.linear(x.double(), weight.double(), bias.double()).float()
-    torch.testing.assert_close(kernel.float32_gemm(x, weight, bias), expected, **CLOSE)
-    torch.testing.assert_close(kernel.float32_gemm(x, weight, None), expected - bias, **CLOSE)
-    transposed = x.t().contiguous().t()  # a strided input is made contiguous, not misread
-    torch.testing.assert_close(kernel.float32_gemm(transposed, weight, bias), expected, **CLOSE)
+    torch.testing.assert_close(product(transposed, weight, bias), expected, **CLOSE)
 
 
 def test_the_measured_choices_are_candidates_and_stay():
