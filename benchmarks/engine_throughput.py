@@ -1,7 +1,7 @@
 """Engine benchmark: kvpilot vs Hugging Face generate() on one mixed workload, plus batch-1
 decode latency next to the memory-bandwidth bound. Prints one JSON document. On CPUs that
-multiply bfloat16 in hardware (AMX or AVX-512 BF16) it also runs both with bfloat16 matrices
-(kvpilot's dtype bfloat16 on CPU, what dtype auto means there; Hugging Face's bfloat16 model).
+multiply bfloat16 in hardware (AMX, where dtype auto means it, or AVX-512 BF16) it also runs both
+with bfloat16 matrices (kvpilot's dtype bfloat16 on CPU; Hugging Face's bfloat16 model).
 
 Workload (fixed seed): N requests, prompt lengths 32-512 tokens of real text, outputs 16-256
 tokens, all submitted at once. kvpilot runs them with continuous batching; HF runs static

@@ -54,31 +54,29 @@ DTYPES = _table(
     DType("float16", "Float16", 2),
 )
 DEFAULT_DTYPE = "auto"
-# What auto resolves to. CPU: bfloat16 where the CPU multiplies bfloat16 in hardware (AMX tiles,
-# or AVX-512's bfloat16 dot products): there bfloat16 means bfloat16 matrices in a float32 model
-# (engine/layers/half_matrices.py), about twice (AVX-512) to several times (AMX) as fast as
-# float32 products at a small quality cost (`kvpilot eval`'s `none` row against its float32
-# baseline). Without either the same products are hundreds of times slower, so float32 stays,
-# the dtype whose greedy output equals Hugging Face's (the tests' oracle, which is why they name
-# float32). GPUs run 16-bit at full speed with half the memory.
+# What auto resolves to. CPU: bfloat16 where the CPU multiplies bfloat16 matrices in hardware
+# (AMX): there bfloat16 means bfloat16 matrices in a float32 model (engine/layers/half_matrices.py),
+# several times faster than float32 products at a small quality cost (`kvpilot eval`'s `none` row
+# against its float32 baseline). Without AMX the same products are hundreds of times slower, so
+# float32 stays, the dtype whose greedy output equals Hugging Face's (the tests' oracle, which is
+# why they name float32). GPUs run 16-bit at full speed with half the memory.
 AUTO_DTYPE_CPU = "float32"
-AUTO_DTYPE_CPU_BFLOAT16 = "bfloat16"
+AUTO_DTYPE_CPU_AMX = "bfloat16"
 AUTO_DTYPE_GPU = "bfloat16"
 # Dtypes with a size: `kvpilot plan` needs one, it knows no device to resolve auto on.
 SIZED_DTYPES = tuple(name for name, dtype in DTYPES.items() if dtype.bytes)
 
 
-def resolve_dtype(name: str, gpu: bool, bfloat16_products: bool = False) -> str:
-    """The dtype a model runs in: `name`, or for auto the device's (`bfloat16_products`: a CPU
-    that multiplies bfloat16 in hardware). Sizing that knows no CPU (the operator's fit check)
-    leaves it False and counts float32: the larger count unless a tied
+def resolve_dtype(name: str, gpu: bool, amx: bool = False) -> str:
+    """The dtype a model runs in: `name`, or for auto the device's. Sizing that knows no CPU (the
+    operator's fit check) leaves `amx` False and counts float32: the larger count unless a tied
     lm_head's own bfloat16 copy outweighs the decoder's saving (a large vocabulary on a small
     model)."""
     if name != "auto":
         return name
     if gpu:
         return AUTO_DTYPE_GPU
-    return AUTO_DTYPE_CPU_BFLOAT16 if bfloat16_products else AUTO_DTYPE_CPU
+    return AUTO_DTYPE_CPU_AMX if amx else AUTO_DTYPE_CPU
 
 
 # -- fp8 --------------------------------------------------------------------------------------

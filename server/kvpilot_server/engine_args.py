@@ -10,9 +10,9 @@ _FP8 = f"CUDA, compute capability {precision.FP8_MIN_COMPUTE_CAPABILITY_TEXT}+"
 _GROUPS = ", ".join(map(str, precision.INT4_GROUP_SIZES))
 _HELP = {
     "model": "builtin://NAME, hf://ORG/NAME or a local Hugging Face checkpoint directory",
-    "dtype": "auto (on CPU: bfloat16 where it multiplies bfloat16 in hardware, AMX or AVX-512 "
-    "BF16, else float32; bfloat16 on CUDA), float32, bfloat16 (on CPU: bfloat16 matrices, "
-    "float32 between them; fast with AMX or AVX-512 BF16) or float16",
+    "dtype": "auto (on CPU: bfloat16 where it has AMX, else float32; bfloat16 on CUDA), float32, "
+    "bfloat16 (on CPU: bfloat16 matrices, float32 between them; fast with AMX or AVX-512 BF16) "
+    "or float16",
     "device": "auto, cpu or cuda[:N]",
     "block_size": "tokens per KV cache block",
     "kv_cache_bytes": "KV cache size on CPU per tensor-parallel rank: bytes, or with a unit "

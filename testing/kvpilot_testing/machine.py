@@ -16,5 +16,5 @@ def engine_machine() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "amx": amx_capable(),
-        "bfloat16_products": bfloat16_capable(),  # AMX or AVX-512 BF16: dtype auto's bfloat16
+        "bfloat16_products": bfloat16_capable(),  # AMX or AVX-512 BF16
     }

@@ -171,7 +171,7 @@ def test_the_cpu_sample_turns_ready_and_answers_through_its_service_and_the_gate
     body["spec"]["resources"]["cpu"] = CPU
     body["spec"]["probes"] = {"drainTimeoutSeconds": DRAIN_S}
     # float32: the failover test below holds a resumed stream equal to an uninterrupted one,
-    # which bfloat16 matrices (dtype auto on a CPU with bfloat16 products) do not promise.
+    # which bfloat16 matrices (dtype auto on a CPU with AMX) do not promise.
     body["spec"]["engine"]["dtype"] = "Float32"
     (tmp_path / "md.yaml").write_text(yaml.safe_dump(body))
     start = time.monotonic()

@@ -65,15 +65,15 @@ def test_eval_measures_each_precision_against_float32():
     results = json.loads(done.stdout)["configs"]
     print(json.dumps(results, indent=1))
     quantized = {"int8", "int4-g32", "int4-g64", "none+kv-int8", "fp8"}
-    # The baseline is float32; config none is auto: bfloat16 matrices where this CPU multiplies
-    # bfloat16 in hardware (then a row of its own), float32 where not (the baseline covers it).
-    native = half_matrices.bfloat16_capable()
-    assert set(results) == {"none@float32", *quantized, *(["none"] if native else [])}
+    # The baseline is float32; config none is auto: bfloat16 matrices where this CPU has AMX
+    # (then a row of its own), float32 where it has not (then the baseline covers it).
+    amx = half_matrices.amx_capable()
+    assert set(results) == {"none@float32", *quantized, *(["none"] if amx else [])}
     assert "compute capability 8.9" in results["fp8"]["error"]
     base = results["none@float32"]
     assert base["dtype"] == "float32"
     assert 1 < base["perplexity"] < 100  # a real model on real prose
-    if native:
+    if amx:
         assert results["none"]["dtype"] == "bfloat16"
         assert 1.0 != results["none"]["perplexity_vs_baseline"] <= 1.01
         assert results["none"]["greedy_agreement"] >= 0.90

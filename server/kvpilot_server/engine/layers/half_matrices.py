@@ -1,17 +1,19 @@
 """dtype bfloat16 on CPU: the decoder's and lm_head's matrices are stored and multiplied in
 bfloat16; everything between them stays float32.
 
-CPUs that multiply bfloat16 in hardware run these products faster than float32 ones, from half
-the bytes (oneDNN, behind torch's linear): several times with AMX tiles (Intel Sapphire Rapids
-and later), about twice with AVX-512's bfloat16 dot products (AMD Zen 4 and later, Intel Cooper
-Lake; benchmarks/engine_throughput.py runs both dtypes on such a CPU). The rest of a step
+CPUs with AMX (Intel Sapphire Rapids and later) multiply bfloat16 matrices several times faster
+than float32 ones (oneDNN, behind torch's linear), from half the bytes; CPUs with AVX-512's
+bfloat16 dot products (AMD Zen 4, Intel Cooper Lake) about twice as fast. The rest of a step
 (norms, rotary, attention over the KV cache, sampling) gains nothing from bfloat16 on a CPU and
 has its compiled kernels in float32, so it stays there, and so does the KV cache: activations
 are rounded to bfloat16 only on their way into a product, whose output comes back as float32.
 The cost in quality is in `kvpilot eval`. Without either, bfloat16 products are far slower than
-float32 ones (model_setup.resolve_dtype warns). So dtype auto means this mode on a CPU with
-either and float32 on one with neither (precision.resolve_dtype); float32 is the dtype whose
-greedy output equals Hugging Face's.
+float32 ones (model_setup.resolve_dtype warns). dtype auto means this mode on a CPU with AMX and
+float32 on one without (precision.resolve_dtype), AVX-512 BF16 included: oneDNN hands each
+product back rounded to bfloat16, logits too, and on such a CPU the bundled model's two best
+first tokens for README's question rounded into an exact tie that its greedy pick lost
+(measured: the same -1.922 logprob for both). Logits kept in float32 would have to come first.
+float32 is the dtype whose greedy output equals Hugging Face's.
 """
 
 import logging
@@ -38,7 +40,7 @@ def _probe(name: str) -> bool:
 
 
 def amx_capable() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in AMX tiles."""
+    """Whether this CPU multiplies bfloat16 matrices in AMX tiles (dtype auto's bfloat16)."""
     return _probe("_is_amx_tile_supported")
 
 

@@ -165,8 +165,8 @@ def describe_device(device: torch.device) -> str:
 
 def dtype_name(name: str, device: torch.device) -> str:
     """What a dtype setting means on this device: auto resolved (precision.py says why)."""
-    native = device.type == "cpu" and half_matrices.bfloat16_capable()
-    return precision.resolve_dtype(name, gpu=device.type == "cuda", bfloat16_products=native)
+    amx = device.type == "cpu" and half_matrices.amx_capable()
+    return precision.resolve_dtype(name, gpu=device.type == "cuda", amx=amx)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -13,6 +13,8 @@ MiB = 1 << 20
 
 
 def _run(path, prompts, quantization: str, stack: bool, **engine):
+    # float32 unless asked: dtype auto is bfloat16 matrices on a CPU with AMX, which no stack runs.
+    engine.setdefault("dtype", "float32")
     llm = LLM(str(path), quantization=quantization, kv_cache_bytes=32 * MiB, **engine)
     if not stack:
         llm.engine.model.stack = None
