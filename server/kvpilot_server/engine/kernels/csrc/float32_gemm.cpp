@@ -133,11 +133,7 @@ torch::Tensor float32_gemm(torch::Tensor x, torch::Tensor w, c10::optional<torch
   TORCH_CHECK(x.size(1) == w.size(1), "x and w: in features differ");
   auto xc = x.contiguous();
   auto y = torch::empty({x.size(0), w.size(0)}, x.options());
-  c10::optional<torch::Tensor> b;
-  if (bias.has_value()) {
-    b = bias->contiguous();
-    TORCH_CHECK(b->scalar_type() == torch::kFloat32 && b->numel() == w.size(0), "bias: [out]");
-  }
+  const auto b = kvpilot::checked_bias(bias, w.size(0));
   const Operands p{w.data_ptr<float>(), xc.data_ptr<float>(), b ? b->data_ptr<float>() : nullptr,
                    y.data_ptr<float>(), x.size(0), x.size(1), w.size(0)};
   const int64_t block = std::max<int64_t>(kNR, kBlockBytes / (4 * p.in) / kNR * kNR);

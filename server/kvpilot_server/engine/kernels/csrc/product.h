@@ -86,6 +86,15 @@ torch::Tensor product(const Dot& dot, int64_t rows, int64_t out, const torch::Te
   return y;
 }
 
+// A float32 product's bias as a contiguous [out] (kept alive by the caller), or none.
+inline c10::optional<torch::Tensor> checked_bias(const c10::optional<torch::Tensor>& bias,
+                                                 int64_t out) {
+  if (!bias.has_value()) return c10::nullopt;
+  auto b = bias->contiguous();
+  TORCH_CHECK(b.scalar_type() == torch::kFloat32 && b.numel() == out, "bias: float32 [out]");
+  return b;
+}
+
 inline torch::Tensor rows_of(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: 2-D float32");
   return x.contiguous();

@@ -275,11 +275,7 @@ torch::Tensor float32_linear(torch::Tensor x, torch::Tensor w,
 #if defined(__AVX512F__)
   if (x.size(0) <= kWideRows) {
     auto xc = rows_of(x);
-    c10::optional<torch::Tensor> b;
-    if (bias.has_value()) {
-      b = bias->contiguous();
-      TORCH_CHECK(b->scalar_type() == torch::kFloat32 && b->numel() == w.size(0), "bias: [out]");
-    }
+    const auto b = checked_bias(bias, w.size(0));
     const float* bp = b ? b->data_ptr<float>() : nullptr;
     switch (xc.size(0)) {
       case 0: return torch::empty({0, w.size(0)}, x.options());
