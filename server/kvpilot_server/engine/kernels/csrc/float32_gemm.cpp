@@ -72,7 +72,8 @@ void tile(const Operands& p, int64_t o0, int64_t r0, const float* ahead) {
       for (int o = 0; o < NO; ++o)
         _mm_prefetch(reinterpret_cast<const char*>(ahead + o * p.in + i), _MM_HINT_T1);
     for (int r = 0; r < NR; ++r) {
-      const Vec xv = load(x + r * p.in + i);
+      Vec xv = load(x + r * p.in + i);
+      kvpilot::in_register(xv);
       for (int o = 0; o < NO; ++o) acc[o][r] = fma(wv[o], xv, acc[o][r]);
     }
   }

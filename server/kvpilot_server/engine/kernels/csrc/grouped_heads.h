@@ -23,18 +23,37 @@ constexpr int kMaxGroup = 4;  // query heads per pass: 16 accumulators of 4 keys
 constexpr int64_t kFar = 32;  // rows ahead requested into L2 while scoring
 constexpr int64_t kNear = 8;  // rows ahead requested into L1 while summing values
 
+// Every 64-byte line of rows [from, to) of `rows` (`bytes` each) requested into L2. With the
+// head size known at compile time the loops unroll into bare prefetches: looped, their
+// bookkeeping was as many instructions as the pass's multiply-adds.
+inline void rows_l2(const float* const* rows, int64_t from, int64_t to, int64_t bytes) {
+  for (int64_t j = from; j < to; ++j)
+    for (int64_t line = 0; line < bytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rows[j]) + line, _MM_HINT_T1);
+}
+
 // s[h * n + t] = scale * q[h] . keys[t] for G heads (q's rows hd apart) and n rows; values[t]
-// is only requested ahead.
-template <int G>
+// is only requested ahead. HD is the head size when known at compile time (0: read hd): the
+// queries then stay in registers across every key.
+template <int G, int64_t HD>
 void scores(const float* q, const float* const* keys, const float* const* values, int64_t n,
             int64_t hd, float scale, float* s) {
+  if constexpr (HD > 0) hd = HD;
   const int64_t chunks = hd / 16;
+  __m512 qv[G][HD > 0 ? HD / 16 : 1];
+  if constexpr (HD > 0)
+    for (int h = 0; h < G; ++h)
+      for (int64_t c = 0; c < HD / 16; ++c) qv[h][c] = _mm512_loadu_ps(q + h * HD + 16 * c);
+  auto query = [&](int h, int64_t c) {
+    if constexpr (HD > 0) return qv[h][c];
+    else return _mm512_loadu_ps(q + h * hd + 16 * c);
+  };
+  const __m128 scale4 = _mm_set1_ps(scale);
   int64_t t = 0;
   for (; t + 4 <= n; t += 4) {
-    for (int64_t j = t + kFar; j < std::min(n, t + kFar + 4); ++j) {
-      kvpilot::prefetch_l2(keys[j], 4 * hd);
-      kvpilot::prefetch_l2(values[j], 4 * hd);
-    }
+    const int64_t far = std::min(n, t + kFar + 4);
+    rows_l2(keys, std::min(far, t + kFar), far, 4 * hd);
+    rows_l2(values, std::min(far, t + kFar), far, 4 * hd);
     __m512 acc[G][4];
     for (int h = 0; h < G; ++h)
       for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_ps();
@@ -42,13 +61,13 @@ void scores(const float* q, const float* const* keys, const float* const* values
       __m512 key[4];
       for (int j = 0; j < 4; ++j) key[j] = _mm512_loadu_ps(keys[t + j] + 16 * c);
       for (int h = 0; h < G; ++h) {
-        const __m512 qv = _mm512_loadu_ps(q + h * hd + 16 * c);
-        for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_fmadd_ps(qv, key[j], acc[h][j]);
+        const __m512 qh = query(h, c);
+        for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_fmadd_ps(qh, key[j], acc[h][j]);
       }
     }
     for (int h = 0; h < G; ++h) {
       const __m128 sums = kvpilot::totals4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
-      _mm_storeu_ps(s + h * n + t, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+      _mm_storeu_ps(s + h * n + t, _mm_mul_ps(sums, scale4));
     }
   }
   for (; t < n; ++t) {
@@ -56,24 +75,27 @@ void scores(const float* q, const float* const* keys, const float* const* values
     for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
     for (int64_t c = 0; c < chunks; ++c) {
       const __m512 key = _mm512_loadu_ps(keys[t] + 16 * c);
-      for (int h = 0; h < G; ++h)
-        acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * hd + 16 * c), key, acc[h]);
+      for (int h = 0; h < G; ++h) acc[h] = _mm512_fmadd_ps(query(h, c), key, acc[h]);
     }
     for (int h = 0; h < G; ++h) s[h * n + t] = _mm512_reduce_add_ps(acc[h]) * scale;
   }
 }
 
 // out[h] = sum_t p[h * n + t] values[t] for G heads (out's rows hd apart), 64 dimensions at a
-// time so that G x 4 sums stay in registers.
-template <int G>
+// time so that G x 4 sums stay in registers (HD as for scores).
+template <int G, int64_t HD>
 void weighted_sum(const float* p, const float* const* values, int64_t n, int64_t hd, float* out) {
+  if constexpr (HD > 0) hd = HD;
   for (int64_t d0 = 0; d0 < hd; d0 += 64) {
     const int64_t chunks = std::min<int64_t>(64, hd - d0) / 16;
     __m512 acc[G][4];
     for (int h = 0; h < G; ++h)
       for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_setzero_ps();
     for (int64_t t = 0; t < n; ++t) {
-      if (t + kNear < n) kvpilot::prefetch(values[t + kNear] + d0, 64 * chunks);
+      if (t + kNear < n)
+        for (int64_t c = 0; c < chunks; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(values[t + kNear] + d0 + 16 * c),
+                       _MM_HINT_T0);
       __m512 v[4];
       for (int64_t c = 0; c < chunks; ++c) v[c] = _mm512_loadu_ps(values[t] + d0 + 16 * c);
       for (int h = 0; h < G; ++h) {

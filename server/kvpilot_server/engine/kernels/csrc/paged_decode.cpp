@@ -134,23 +134,24 @@ inline void weigh(float* probs, int64_t n, float* stats) {
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-template <int G>
+template <int G, int64_t HD>
 void grouped_pass(const float* q, const float* const* keys, const float* const* values,
                   int64_t n, int64_t hd, float scale, float* probs, Part part) {
-  kvpilot::grouped::scores<G>(q, keys, values, n, hd, scale, probs);
+  kvpilot::grouped::scores<G, HD>(q, keys, values, n, hd, scale, probs);
   for (int h = 0; h < G; ++h) weigh(probs + h * n, n, part.stats ? part.stats + 2 * h : nullptr);
-  kvpilot::grouped::weighted_sum<G>(probs, values, n, hd, part.out);
+  kvpilot::grouped::weighted_sum<G, HD>(probs, values, n, hd, part.out);
 }
 
 // `heads` (1 to 4) consecutive query heads of one kv head's group; probs holds heads x n.
+template <int64_t HD>
 void grouped_heads(int64_t heads, const float* q, const float* const* keys,
                    const float* const* values, int64_t n, int64_t hd, float scale, float* probs,
                    Part part) {
   switch (heads) {
-    case 1: grouped_pass<1>(q, keys, values, n, hd, scale, probs, part); break;
-    case 2: grouped_pass<2>(q, keys, values, n, hd, scale, probs, part); break;
-    case 3: grouped_pass<3>(q, keys, values, n, hd, scale, probs, part); break;
-    default: grouped_pass<4>(q, keys, values, n, hd, scale, probs, part); break;
+    case 1: grouped_pass<1, HD>(q, keys, values, n, hd, scale, probs, part); break;
+    case 2: grouped_pass<2, HD>(q, keys, values, n, hd, scale, probs, part); break;
+    case 3: grouped_pass<3, HD>(q, keys, values, n, hd, scale, probs, part); break;
+    default: grouped_pass<4, HD>(q, keys, values, n, hd, scale, probs, part); break;
   }
 }
 #endif
@@ -194,7 +195,7 @@ void decode_rows(const float* qp, const T* kp, const T* vp, const float* ksp, co
       probs.resize(kvpilot::grouped::kMaxGroup * n);
       for (int64_t head = 0; head < group; head += kvpilot::grouped::kMaxGroup) {
         const int64_t heads = std::min<int64_t>(kvpilot::grouped::kMaxGroup, group - head);
-        grouped_heads(heads, q + head * hd, keys.data(), values.data(), n, hd, scale,
+        grouped_heads<HD>(heads, q + head * hd, keys.data(), values.data(), n, hd, scale,
                       probs.data(), out(head));
       }
       continue;
