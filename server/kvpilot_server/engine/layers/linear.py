@@ -12,11 +12,13 @@ product measures the candidates once per process and keeps the fastest:
   weight row read once for all the input rows.
 A decode batch (a few dozen rows) is compute-bound, but at such row counts MKL runs well under
 the machine's peak; the compiled register-tile product (kernels/csrc/float32_gemm.cpp) is
-measured against the split one the same way, at a batch's size, and the faster serves. Large
-batches (prefill) take plain `linear`: MKL's blocking is at its best there.
+measured against the split one the same way, at a batch's size, and the faster serves. Where it
+wins, it is measured once more against MKL at a prefill chunk's size (MKL's blocking is at its
+best there): the winner serves every larger batch.
 """
 
 import functools
+import sys
 import time
 from collections.abc import Callable
 
@@ -32,6 +34,8 @@ DECODE_MAX_ROWS = 4
 # fast or faster, at multiples of 16 rows the more so).
 BATCH_MAX_ROWS = 64
 BATCH_PROBE_ROWS = 43
+# large_product()'s probe: a prefill chunk's size, and a multiple of 16 rows (MKL's best case).
+LARGE_PROBE_ROWS = 512
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
@@ -54,11 +58,13 @@ def _candidates() -> dict[str, Product]:
     return found
 
 
-def _fastest(candidates: dict[str, Product], rows: int) -> tuple[str, Product]:
+def _fastest(
+    candidates: dict[str, Product], rows: int, matrices: int = 24
+) -> tuple[str, Product]:
     """The candidate that runs `rows` rows fastest against weights that are not in cache, as in
-    a decode step (each layer's weights are read once per step): a few dozen MB of distinct
-    matrices, the best of three passes each."""
-    weights = [torch.randn(1536, 576) for _ in range(24)]  # about 85 MB
+    a decode step (each layer's weights are read once per step): by default a few dozen MB of
+    distinct matrices (about 85 MB), the best of three passes each."""
+    weights = [torch.randn(1536, 576) for _ in range(matrices)]
     x = torch.randn(rows, 576)
     timings = {}
     for name, product in candidates.items():
@@ -90,18 +96,31 @@ def batch_product() -> tuple[str, Product]:
     return _fastest(found, BATCH_PROBE_ROWS)
 
 
+@functools.cache
+def large_product() -> tuple[str, Product]:
+    """The product for more rows than BATCH_MAX_ROWS (prefill chunks, large decode batches):
+    MKL's `linear`, or float32_gemm where it won batch_product() and, at a prefill chunk's size,
+    wins again (the rows are compute-bound: a few matrices that stay in cache serve)."""
+    if batch_product()[0] != "gemm":
+        return "linear", F.linear
+    return _fastest({"linear": F.linear, "gemm": batch_product()[1]}, LARGE_PROBE_ROWS, 4)
+
+
 def compiled_max_rows() -> int:
     """Rows up to which linear() runs a contiguous float32 weight through the compiled products
-    alone (float32_linear up to DECODE_MAX_ROWS, float32_gemm beyond): what the decode stack may
-    call in its place (kernels/decode_stack.py). 0 where MKL won the one-row measurement."""
+    alone (float32_linear up to DECODE_MAX_ROWS, float32_gemm beyond; with no bound where it
+    won the large measurement too): what the decode stack may call in its place
+    (kernels/decode_stack.py). 0 where MKL won the one-row measurement."""
     if decode_product()[0] != "kernel":
         return 0
-    return BATCH_MAX_ROWS if batch_product()[0] == "gemm" else DECODE_MAX_ROWS
+    if batch_product()[0] != "gemm":
+        return DECODE_MAX_ROWS
+    return sys.maxsize if large_product()[0] == "gemm" else BATCH_MAX_ROWS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     rows = x.shape[0]
-    if not x.is_cpu or rows > SPLIT_MAX_ROWS:
+    if not x.is_cpu:
         return F.linear(x, weight, bias)
     compiled = x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()
     if rows <= DECODE_MAX_ROWS and x.dtype == weight.dtype == torch.float32:
@@ -111,4 +130,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         return F.linear(x, weight, bias)
     if rows <= BATCH_MAX_ROWS and compiled:
         return batch_product()[1](x, weight, bias)
-    return _split(x, weight, bias)
+    if compiled and large_product()[0] == "gemm":
+        return large_product()[1](x, weight, bias)
+    return _split(x, weight, bias) if rows <= SPLIT_MAX_ROWS else F.linear(x, weight, bias)

@@ -2,6 +2,8 @@
 compiled float32 kernels for one row and for a batch) gives what PyTorch's own linear gives, for
 every row count and shape, and the measured choices are among them."""
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,10 +14,12 @@ from kvpilot_server.engine.layers import linear as module
 from kvpilot_server.engine.layers.linear import (
     BATCH_MAX_ROWS,
     DECODE_MAX_ROWS,
+    LARGE_PROBE_ROWS,
     SPLIT_MAX_ROWS,
     _candidates,
     batch_product,
     decode_product,
+    large_product,
     linear,
 )
 from kvpilot_server.engine.layers.mlp import Linear
@@ -28,6 +32,7 @@ CLOSE = {"rtol": 1e-5, "atol": 1e-4}
 # tail (its tiles are 3 or 4 outputs wide).
 SHAPES = [(960, 576), (576, 1536), (7, 19), (10, 33)]
 ROWS = [1, 2, DECODE_MAX_ROWS, DECODE_MAX_ROWS + 1, 40, BATCH_MAX_ROWS, BATCH_MAX_ROWS + 1]
+ROWS += [SPLIT_MAX_ROWS + 1, LARGE_PROBE_ROWS + 3]  # a prefill chunk's: large_product()
 
 
 @pytest.mark.parametrize("rows", ROWS)
@@ -83,7 +88,11 @@ def test_the_measured_choices_are_candidates_and_stay():
     assert decode_product() == (name, product)  # measured once per process
     assert batch_product()[0] in ("split", "gemm")
     assert batch_product() is batch_product()
-    assert DECODE_MAX_ROWS < BATCH_MAX_ROWS < SPLIT_MAX_ROWS
+    # MKL, unless the compiled batch product won its own measurement first.
+    allowed = ("linear", "gemm") if batch_product()[0] == "gemm" else ("linear",)
+    assert large_product()[0] in allowed
+    assert large_product() is large_product()
+    assert DECODE_MAX_ROWS < BATCH_MAX_ROWS < SPLIT_MAX_ROWS < LARGE_PROBE_ROWS
 
 
 def test_a_non_contiguous_weight_takes_the_pytorch_path():
@@ -98,9 +107,15 @@ def test_a_float_layer_names_the_compiled_products_it_runs(monkeypatch):
     layer = Linear(64, 32, bias=True)
     kernel = cpu_kernels.load()
     measured = {"kernel": kernel.float32_linear, "gemm": kernel.float32_gemm, "split": F.linear}
-    for small, batch, rows in [("kernel", "gemm", BATCH_MAX_ROWS), ("kernel", "split", 4)]:
+    measured["linear"] = F.linear
+    for small, batch, large, rows in [
+        ("kernel", "gemm", "gemm", sys.maxsize),  # every batch: the stack serves any decode
+        ("kernel", "gemm", "linear", BATCH_MAX_ROWS),
+        ("kernel", "split", "linear", 4),
+    ]:
         monkeypatch.setattr(module, "decode_product", lambda s=small: (s, measured[s]))
         monkeypatch.setattr(module, "batch_product", lambda b=batch: (b, measured[b]))
+        monkeypatch.setattr(module, "large_product", lambda g=large: (g, measured[g]))
         found = layer.decode_operands()
         assert found is not None and found.kind is ProductKind.FLOAT32
         assert found.weight is not None and torch.equal(found.weight, layer.weight)
