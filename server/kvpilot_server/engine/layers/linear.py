@@ -58,9 +58,7 @@ def _candidates() -> dict[str, Product]:
     return found
 
 
-def _fastest(
-    candidates: dict[str, Product], rows: int, matrices: int = 24
-) -> tuple[str, Product]:
+def _fastest(candidates: dict[str, Product], rows: int, matrices: int = 24) -> tuple[str, Product]:
     """The candidate that runs `rows` rows fastest against weights that are not in cache, as in
     a decode step (each layer's weights are read once per step): by default a few dozen MB of
     distinct matrices (about 85 MB), the best of three passes each."""
