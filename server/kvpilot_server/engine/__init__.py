@@ -2,5 +2,6 @@
 
 runtime/ admits requests, schedules and runs steps and turns logits into text; models/ builds
 the model from a checkpoint; layers/ are its building blocks and KV cache; kernels/ the optional
-compiled CPU kernels; distributed/ tensor parallelism across processes.
+compiled CPU kernels; distributed/ tensor parallelism across processes; huge_pages.py puts the
+host's weights and KV cache on 2 MiB pages.
 """

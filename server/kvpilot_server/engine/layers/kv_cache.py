@@ -6,7 +6,6 @@ once as it is written and needs no calibration. Per-token scales keep one outlie
 costing its whole block precision; they add 4 bytes per head_dim bytes (6% at head_dim 64).
 """
 
-import functools
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -14,6 +13,7 @@ import torch
 
 from kvpilot_common import precision
 from kvpilot_common.errors import ConfigError
+from kvpilot_server.engine import huge_pages
 from kvpilot_server.engine.models.model_config import ModelConfig
 
 _MIN_SCALE = 1e-8  # an all-zero head still gets a finite scale
@@ -114,7 +114,11 @@ def allocate(
     shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
 
     # Zeros, not empty: padded decode rows read unused slots, and 0 * NaN would poison them.
-    zeros = functools.partial(torch.zeros, device=device)
+    # On the host, on huge pages (engine/huge_pages.py): asked for before the zeros touch them.
+    def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+        huge_pages.advise(tensor)
+        return tensor.zero_()
 
     def layer() -> LayerCache:
         if storage is None:

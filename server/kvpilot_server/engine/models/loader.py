@@ -9,6 +9,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig
 
 from kvpilot_common.errors import ModelLoadError
+from kvpilot_server.engine import huge_pages
 from kvpilot_server.engine.distributed.group import SINGLE, TensorParallel
 from kvpilot_server.engine.distributed.sharding import check, local_config, shard
 from kvpilot_server.engine.models import mxfp4
@@ -18,10 +19,16 @@ from kvpilot_server.engine.models.registry import model_class
 
 
 def load_model(
-    path: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel = SINGLE
+    path: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    tp: TensorParallel = SINGLE,
+    kept: bool = False,
 ) -> LlamaForCausalLM:
     """The model, or under tensor parallelism rank tp.rank's share of it
-    (engine/distributed/sharding.py): each rank reads the checkpoint and keeps only its slices."""
+    (engine/distributed/sharding.py): each rank reads the checkpoint and keeps only its slices.
+    `kept`: the weights will serve as loaded (no quantization or conversion replaces them), so
+    on the host they may share one buffer on huge pages (engine/huge_pages.py)."""
     cfg = ModelConfig.from_hf(load_hf_config(path))
     check(cfg, tp.size)
     with torch.device("meta"):
@@ -33,6 +40,11 @@ def load_model(
     model.to_empty(device=device)
     if cfg.tie_word_embeddings or cfg.base_model:  # a base model has no head: it only pools
         model.lm_head.weight = model.embed_tokens.weight
+    # Before the weights are first written: huge pages are given at the first touch.
+    if kept:
+        huge_pages.place(model)
+    else:
+        huge_pages.advise_module(model)
     tensors = _read_tensors(path)
     if cfg.checkpoint_quantization == "mxfp4":  # the only stored form precision lets through
         tensors = mxfp4.dequantized(tensors, dtype)

@@ -34,7 +34,10 @@ log = logging.getLogger(__name__)
 def build_model(
     config: EngineConfig, path: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel
 ) -> LlamaForCausalLM:
-    model = load_model(path, dtype, device, tp)
+    half = half_matrices.applies(dtype_name(config.dtype, device), device)
+    kept = config.quantization == precision.DEFAULT_QUANTIZATION and not half
+    kept = kept and config.lm_head_quantization == precision.DEFAULT_LM_HEAD_QUANTIZATION
+    model = load_model(path, dtype, device, tp, kept)
     shared = config.quantization == "int8" and tp.size > 1
     if shared:
         floats = [getattr(o, n).weight for o, n in row_parallel_linears(model)]
@@ -44,7 +47,7 @@ def build_model(
     if shared:
         share_int8_scales(model, floats, absmax)
     quantize_lm_head(model, config.lm_head_quantization, device)
-    if half_matrices.applies(dtype_name(config.dtype, device), device):
+    if half:
         half_matrices.convert(model)
     if config.enable_lora:  # last: the adapters wrap whatever the base projections became
         model.lora = lora_layers.attach(model, config.max_loras, config.max_lora_rank)
