@@ -91,7 +91,11 @@ def run_job(job: Job) -> dict:
         # peak includes loading (weights are read in the model dtype, then quantized); the
         # resident figure is what serving holds.
         result["rss_mib"] = _resident_mib()  # first: the peak read after it includes it
-        result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        peak = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        # The kernel keeps its RSS counts per CPU and folds them in batches (a huge page's
+        # fault counts 512 pages at once): the two reads can differ by a MiB either way, and a
+        # peak below what is resident would say nothing true.
+        result["peak_rss_mib"] = max(peak, result["rss_mib"] or 0)
     # Quality passes prefill in small chunks, so every chunk after a window's first attends to
     # its context through the KV cache, as decoding does; one fresh chunk per window would
     # attend to its own unquantized keys and hide what a cache precision costs. Few enough
