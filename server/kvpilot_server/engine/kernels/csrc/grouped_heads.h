@@ -23,18 +23,10 @@ constexpr int kMaxGroup = 4;  // query heads per pass: 16 accumulators of 4 keys
 constexpr int64_t kFar = 32;  // rows ahead requested into L2 while scoring
 constexpr int64_t kNear = 8;  // rows ahead requested into L1 while summing values
 
-// Every 64-byte line of rows [from, to) of `rows` (`bytes` each) requested into L2. With the
-// head size known at compile time the loops unroll into bare prefetches: looped, their
-// bookkeeping was as many instructions as the pass's multiply-adds.
-inline void rows_l2(const float* const* rows, int64_t from, int64_t to, int64_t bytes) {
-  for (int64_t j = from; j < to; ++j)
-    for (int64_t line = 0; line < bytes; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(rows[j]) + line, _MM_HINT_T1);
-}
-
 // s[h * n + t] = scale * q[h] . keys[t] for G heads (q's rows hd apart) and n rows; values[t]
 // is only requested ahead. HD is the head size when known at compile time (0: read hd): the
-// queries then stay in registers across every key.
+// queries then stay in registers across every key, and the prefetches unroll into bare
+// instructions (looped, their bookkeeping was as many instructions as the multiply-adds).
 template <int G, int64_t HD>
 void scores(const float* q, const float* const* keys, const float* const* values, int64_t n,
             int64_t hd, float scale, float* s) {
@@ -51,9 +43,10 @@ void scores(const float* q, const float* const* keys, const float* const* values
   const __m128 scale4 = _mm_set1_ps(scale);
   int64_t t = 0;
   for (; t + 4 <= n; t += 4) {
-    const int64_t far = std::min(n, t + kFar + 4);
-    rows_l2(keys, std::min(far, t + kFar), far, 4 * hd);
-    rows_l2(values, std::min(far, t + kFar), far, 4 * hd);
+    for (int64_t j = t + kFar; j < std::min(n, t + kFar + 4); ++j) {
+      kvpilot::prefetch_l2(keys[j], 4 * hd);
+      kvpilot::prefetch_l2(values[j], 4 * hd);
+    }
     __m512 acc[G][4];
     for (int h = 0; h < G; ++h)
       for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_ps();
@@ -92,10 +85,7 @@ void weighted_sum(const float* p, const float* const* values, int64_t n, int64_t
     for (int h = 0; h < G; ++h)
       for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_setzero_ps();
     for (int64_t t = 0; t < n; ++t) {
-      if (t + kNear < n)
-        for (int64_t c = 0; c < chunks; ++c)
-          _mm_prefetch(reinterpret_cast<const char*>(values[t + kNear] + d0 + 16 * c),
-                       _MM_HINT_T0);
+      if (t + kNear < n) kvpilot::prefetch(values[t + kNear] + d0, 64 * chunks);
       __m512 v[4];
       for (int64_t c = 0; c < chunks; ++c) v[c] = _mm512_loadu_ps(values[t] + d0 + 16 * c);
       for (int h = 0; h < G; ++h) {

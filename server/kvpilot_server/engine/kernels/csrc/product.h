@@ -31,7 +31,7 @@ inline __m128 totals4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 // Pins a loaded vector in a register. Without it GCC folds the load into every multiply-add
 // that uses the vector (one load per use), and in a register tile the loads, not the
-// multiply-adds, then bound the loop (float32_gemm: 155 -> 180 GF/s at 48 rows in cache).
+// multiply-adds, then bound the loop (float32_gemm's tile; benchmarks/engine_throughput.py).
 template <typename V>
 inline void in_register(V& v) {
   asm("" : "+v"(v));
