@@ -30,6 +30,7 @@ SOURCES = (
     "int8_activations.cpp",
     "layer_ops.cpp",
     "paged_decode.cpp",
+    "paged_prefill.cpp",
     "kv_write.cpp",
     "decode_stack.cpp",
 )

@@ -81,6 +81,6 @@ def decode_group(
     if rows > max_rows or first.k_scale is not None or first.k.dtype != torch.float32:
         return None
     for meta in metas.values():
-        if meta.kernel is None or meta.prefills or len(meta.decodes) != 1:
+        if meta.kernel is None or meta.prefills or meta.prefill_batch or len(meta.decodes) != 1:
             return None
     return meta.decodes[0]

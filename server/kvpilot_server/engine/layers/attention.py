@@ -51,12 +51,38 @@ class PrefillChunk:
 
 
 @dataclass
+class PrefillBatch:
+    """Every prompt chunk of a step as the compiled prefill kernel reads them
+    (kernels/csrc/paged_prefill.cpp): in place in the cache through each block table, so no
+    chunk needs a gather or a mask."""
+
+    tables: torch.Tensor  # [chunks, width] block ids, padded (the padding is never read)
+    rows: torch.Tensor  # [chunks] each chunk's first row of the flattened batch
+    lens: torch.Tensor  # [chunks] its query tokens
+    contexts: torch.Tensor  # [chunks] keys its last token sees: cached context plus chunk
+
+    @staticmethod
+    def of(row: int, chunks: list[tuple[int, int, list[int]]], block_size: int) -> "PrefillBatch":
+        """chunks: (tokens already cached, tokens in this step, block table) each, in row
+        order from `row`."""
+        contexts = [computed + n for computed, n, _ in chunks]
+        width = max(-(-context // block_size) for context in contexts)
+        tables = [table[:width] + [0] * (width - len(table[:width])) for _, _, table in chunks]
+        lens = [n for _, n, _ in chunks]
+        rows = [row + sum(lens[:i]) for i in range(len(lens))]
+        return PrefillBatch(*(torch.tensor(x) for x in (tables, rows, lens, contexts)))
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [N] cache slot of each new token
     window: int | None = None  # sliding window of the layers this metadata serves
     kernel: ModuleType | None = None  # compiled CPU decode kernel, when available
     decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+    # Where the compiled kernel serves the step's prompt chunks (a float32 cache on CPU), they
+    # are here instead of in `prefills`.
+    prefill_batch: PrefillBatch | None = None
     # Set on CUDA where the flash path serves (flash_attention.py): then it is all there is.
     flash: FlashBatch | None = None
 
@@ -107,12 +133,21 @@ def paged_attention(
     if meta.flash is not None:
         return flash_attention.attend(q, cache, meta.flash, meta.window, scale)
     extra = softcap, sinks
-    if len(meta.decodes) == 1 and not meta.prefills:  # the common pure-decode step
+    batch = meta.prefill_batch
+    if len(meta.decodes) == 1 and not meta.prefills and batch is None:  # a pure-decode step
         return _decode(q, cache, meta, meta.decodes[0], workspace, scale, *extra)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for group in meta.decodes:
         rows = slice(group.start, group.end)
         out[rows] = _decode(q[rows], cache, meta, group, workspace, scale, *extra)
+    if batch is not None:
+        assert meta.kernel is not None and softcap is None and sinks is None
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        window = meta.window or 0
+        meta.kernel.paged_prefill(
+            q, cache.k, cache.v, batch.tables, batch.rows, batch.lens, batch.contexts, scale,
+            window, out
+        )  # fmt: skip
     for chunk in meta.prefills:
         out[chunk.start : chunk.end] = _prefill(q, k, v, cache, chunk, workspace, scale, *extra)
     return out

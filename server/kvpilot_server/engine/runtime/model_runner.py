@@ -17,6 +17,7 @@ from kvpilot_server.engine.layers import flash_attention
 from kvpilot_server.engine.layers.attention import (
     AttentionMetadata,
     DecodeGroup,
+    PrefillBatch,
     PrefillChunk,
     visible_keys,
 )
@@ -78,7 +79,8 @@ class ModelRunner:
         self.peers = peers  # tensor parallelism: every plan goes to the other ranks first
         self.lora, self.load_adapter = lora, load_adapter
         self.graphs: DecodeGraphs | None = None  # set by the engine (cuda_graphs.build)
-        quantized = kv_cache[0].k_scale is not None
+        # The compiled prompt kernel reads a float32 cache only: an int8 one takes PyTorch's.
+        self.quantized = quantized = kv_cache[0].k_scale is not None
         refused = flash_attention.unusable(self.device, dtype, quantized, eager, block_size)
         self.flash = not refused
         if self.flash:
@@ -220,8 +222,12 @@ class ModelRunner:
         for group in groups:
             meta.decodes.append(self._decode_group(start, group, window))
             start += len(group)
-        row = len(decodes)
-        for seq in ordered[len(decodes) :]:
+        row, chunks = len(decodes), ordered[len(decodes) :]
+        if chunks and self.kernel is not None and not self.quantized:
+            entries = [(seq.computed, seq.n, seq.block_table) for seq in chunks]
+            meta.prefill_batch = PrefillBatch.of(row, entries, self.block_size)
+            return meta
+        for seq in chunks:
             n = seq.n
             context = seq.computed + n
             fresh = seq.computed == 0 and (window is None or window >= n)

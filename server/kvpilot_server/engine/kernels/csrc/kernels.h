@@ -44,6 +44,11 @@ torch::Tensor paged_decode_int8(torch::Tensor q, torch::Tensor k_cache, torch::T
                                 torch::Tensor block_tables, torch::Tensor context_lens,
                                 double scale, int64_t window);
 
+// paged_prefill.cpp: prompt chunks' attention over the paged KV cache, written into `out`.
+void paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                   torch::Tensor block_tables, torch::Tensor rows, torch::Tensor lens,
+                   torch::Tensor context_lens, double scale, int64_t window, torch::Tensor out);
+
 // kv_write.cpp: a step's new keys and values into their cache slots.
 void write_int8(torch::Tensor x, torch::Tensor cache, torch::Tensor scales, torch::Tensor slots);
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,

@@ -28,6 +28,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "Decode attention over a paged KV cache (CPU, float32)");
   m.def("paged_decode_int8", &paged_decode_int8,
         "Decode attention over an int8 paged KV cache with per-token-per-head scales (CPU)");
+  m.def("paged_prefill", &paged_prefill,
+        "Prompt chunks' attention over a paged KV cache, causal and windowed (CPU, float32)");
   m.def("write_int8", &write_int8, "Quantize keys or values into an int8 paged KV cache (CPU)");
 
   bind_decode_stack(m);
