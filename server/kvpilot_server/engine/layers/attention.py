@@ -4,7 +4,9 @@ New K/V are written into their cache slots first; each query then attends to its
 keys gathered through the block table. Decodes (one query each) run in a few padded groups of
 similar context length; prefill chunks run one sequence at a time so a long chunk never pads a
 batch of decodes. Masks are explicit: SDPA's `is_causal` aligns the top-left corner, which is
-wrong whenever the query is a later chunk of a longer context.
+wrong whenever the query is a later chunk of a longer context. On CPU with a float32 cache the
+compiled kernels serve instead: decodes through `kernel.paged_decode`, and every prompt chunk
+of the step in one `kernel.paged_prefill` call (PrefillBatch), in place in the cache.
 
 Gathers write into a reusable workspace: a fresh tensor of tens of MB per layer would be
 mmapped and page-faulted on every call, which costs more than the copy itself. A quantized
