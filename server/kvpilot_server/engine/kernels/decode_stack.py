@@ -22,7 +22,7 @@ from kvpilot_server.engine.layers.kv_cache import LayerCache
 from kvpilot_server.engine.layers.linear import DECODE_MAX_ROWS
 
 
-def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
+def build(model: nn.Module) -> Any | None:
     """A llama.LlamaForCausalLM's stack (a csrc DecodeStack holding its weights), or None when
     some part of the model is not one the stack runs. Build it once the weights are final."""
     cfg, weight = model.cfg, model.norm.weight
@@ -44,7 +44,6 @@ def build(model: nn.Module, silu_kernel_max_rows: int) -> Any | None:
         cfg.head_dim,
         cfg.rms_norm_eps,
         cfg.head_dim**-0.5,  # as layers/attention.py's decode passes it
-        silu_kernel_max_rows,
         DECODE_MAX_ROWS,  # float32 products: float32_linear up to here, float32_gemm beyond
     )
     for layer, window in zip(model.layers, cfg.layer_windows, strict=True):

@@ -18,10 +18,6 @@ from kvpilot_server.engine.kernels.operands import DecodeOperands, ProductKind
 from kvpilot_server.engine.layers.direct import Direct
 from kvpilot_server.engine.layers.linear import compiled_max_rows, linear
 
-# Rows up to which the compiled silu(gate) * up wins (measured on SmolLM2's MLP): its exp is
-# scalar and PyTorch's vectorized, so past a few rows PyTorch's per-call overhead is repaid.
-SILU_KERNEL_MAX_ROWS = 4
-
 # The gate's activation by the config's name (hidden_act; Gemma's hidden_activation), as
 # transformers' ACT2FN computes each.
 ACTIVATIONS = {
@@ -93,8 +89,8 @@ class MLP(Direct):
         """This rank's share of the output, before the all-reduce."""
         gate_up = self.gate_up_proj(x)
         ops = layer_ops(gate_up)
-        small = self.silu and gate_up.shape[0] <= SILU_KERNEL_MAX_ROWS
-        if ops is not None and small and gate_up.dim() == 2 and gate_up.stride(1) == 1:
+        # The compiled silu(gate) * up: one pass where PyTorch's silu and product make two.
+        if ops is not None and self.silu and gate_up.dim() == 2 and gate_up.stride(1) == 1:
             return self.down_proj(ops.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate, dim=-1)
         if self.swiglu is not None:

@@ -19,7 +19,7 @@ from kvpilot_server.engine.kernels import decode_stack
 from kvpilot_server.engine.layers.attention import AttentionMetadata, Workspace, paged_attention
 from kvpilot_server.engine.layers.direct import Direct
 from kvpilot_server.engine.layers.kv_cache import LayerCache
-from kvpilot_server.engine.layers.mlp import MLP, SILU_KERNEL_MAX_ROWS, Linear, layer_ops
+from kvpilot_server.engine.layers.mlp import MLP, Linear, layer_ops
 from kvpilot_server.engine.models.model_config import ModelConfig
 
 
@@ -169,7 +169,7 @@ class LlamaForCausalLM(nn.Module):
         """The compiled decode stack (engine/kernels/decode_stack.py), built at the first step,
         when the weights are final; None where it does not serve this model (set None to turn it
         off)."""
-        return decode_stack.build(self, SILU_KERNEL_MAX_ROWS)
+        return decode_stack.build(self)
 
     def forward(
         self,

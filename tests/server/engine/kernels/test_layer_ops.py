@@ -68,3 +68,11 @@ def test_silu_mul_matches_pytorch_to_the_last_bits(rows):
     padded = torch.randn(rows, 2 * 1536 + 8)[:, : 2 * 1536]  # rows further apart than wide
     gate, up = padded.split(1536, dim=-1)
     torch.testing.assert_close(ops.silu_mul(padded), F.silu(gate) * up, rtol=2e-6, atol=1e-6)
+
+
+def test_silu_mul_keeps_large_gates_finite():
+    # e^-x of a large negative gate is past float's range: the quotient goes to -0, not NaN.
+    # 11 gates: one vector of 8 and a tail of 3, each path seeing both signs.
+    gate = torch.tensor([-1000.0, -100.0, -88.5, -20.0, 0.0, 20.0, 88.5, 100.0, 1000.0, -95, 95])
+    gate_up = torch.cat((gate, torch.full_like(gate, 3.0)))[None]
+    torch.testing.assert_close(ops.silu_mul(gate_up)[0], F.silu(gate) * 3.0)

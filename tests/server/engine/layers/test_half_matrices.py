@@ -2,7 +2,8 @@
 
 The oracle is Hugging Face's model in float32 with each linear layer doing what HalfLinear
 does (input and weight rounded to bfloat16, the product returned as float32): greedy output
-equal token for token, through the engine's batching, chunked prefill and decode kernels."""
+equal token for token (up to a tie one bfloat16 step wide in the oracle's logits), through the
+engine's batching, chunked prefill and decode kernels."""
 
 import random
 
@@ -17,7 +18,7 @@ from kvpilot_server.engine.layers.half_matrices import HalfLinear
 MiB = 1 << 20
 
 
-def _hf_half_greedy(path, prompts, max_tokens) -> list[list[int]]:
+def _hf_half_model(path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -30,6 +31,10 @@ def _hf_half_greedy(path, prompts, max_tokens) -> list[list[int]]:
                 return out if bias is None else out + bias
 
             module.forward = forward
+    return model
+
+
+def _hf_half_greedy(model, prompts, max_tokens) -> list[list[int]]:
     outputs = []
     with torch.inference_mode():
         for prompt, n in zip(prompts, max_tokens, strict=True):
@@ -61,7 +66,26 @@ def test_bfloat16_matrices_match_hf_doing_the_same(tiny_dir, corpus_ids, name):
     max_tokens = [20, 12, 25, 30, 9]
     params = [SamplingParams(max_tokens=n, temperature=0.0) for n in max_tokens]
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    assert got == _hf_half_greedy(path, prompts, max_tokens)
+    oracle = _hf_half_model(path)
+    expected = _hf_half_greedy(oracle, prompts, max_tokens)
+    for prompt, ours, theirs in zip(prompts, got, expected, strict=True):
+        _equal_up_to_a_tie(oracle, prompt, ours, theirs)
+
+
+def _equal_up_to_a_tie(oracle, prompt, ours, expected) -> None:
+    """Token for token; a difference only where the oracle's own two logits are within one
+    bfloat16 step of each other. Its logits are bfloat16 products, so two tokens a step apart
+    are a tie that float32 rounding elsewhere (a sum in another order) may break either way; the
+    outputs then go separate ways and only the prefix before it can be compared."""
+    if ours == expected:
+        return
+    at = next((i for i, (a, b) in enumerate(zip(ours, expected, strict=False)) if a != b), None)
+    assert at is not None, f"lengths differ: {len(ours)} vs {len(expected)}"
+    with torch.inference_mode():
+        logits = oracle(torch.tensor([prompt + expected[:at]])).logits[0, -1]
+    top, mine = logits[expected[at]].item(), logits[ours[at]].item()
+    step = 2.0 ** (torch.frexp(torch.tensor(top)).exponent.item() - 8)  # bfloat16: 8 bits
+    assert 0 <= top - mine <= step, f"token {at}: {ours[at]} at {mine}, the oracle's at {top}"
 
 
 def test_quantized_layers_stay_quantized_and_float32_stays_float32(tiny_dir):

@@ -61,9 +61,9 @@ struct Layer {
 class DecodeStack {
  public:
   DecodeStack(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
-              int64_t silu_kernel_max_rows, int64_t float32_linear_max_rows)
+              int64_t float32_linear_max_rows)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps), scale_(scale),
-        silu_rows_(silu_kernel_max_rows), float32_rows_(float32_linear_max_rows) {}
+        float32_rows_(float32_linear_max_rows) {}
 
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, Linear qkv, Linear o,
                  Linear gate_up, Linear down, int64_t window) {
@@ -102,13 +102,7 @@ class DecodeStack {
                                    v_caches[i], tables, lens, scale_, l.window);
       h = add_rms_norm(l.o(attended.view({rows, heads_ * head_dim_}), f32), residual, l.post_norm,
                        eps_);
-      auto gate_up = l.gate_up(h, f32);
-      const int64_t width = gate_up.size(1) / 2;
-      // As llama.MLP chooses: the compiled silu for few rows, PyTorch's vectorised one beyond.
-      auto act = rows <= silu_rows_ ? silu_mul(gate_up)
-                                    : torch::silu(gate_up.narrow(1, 0, width)) *
-                                          gate_up.narrow(1, width, width);
-      x = l.down(act, f32);
+      x = l.down(silu_mul(l.gate_up(h, f32)), f32);
     }
     return {x, residual};
   }
@@ -116,7 +110,7 @@ class DecodeStack {
  private:
   int64_t heads_, kv_heads_, head_dim_;
   double eps_, scale_;
-  int64_t silu_rows_, float32_rows_;
+  int64_t float32_rows_;
   int64_t max_rows_ = std::numeric_limits<int64_t>::max();
   std::vector<Layer> layers_;
 };
@@ -130,7 +124,7 @@ void bind_decode_stack(pybind11::module& m) {
         "one layer for DecodeStack: kind int4_int8, int4, int8 or float32, its tensors, group, "
         "bias, the rows it serves");
   py::class_<DecodeStack>(m, "DecodeStack")
-      .def(py::init<int64_t, int64_t, int64_t, double, double, int64_t, int64_t>())
+      .def(py::init<int64_t, int64_t, int64_t, double, double, int64_t>())
       .def("add_layer", &DecodeStack::add_layer)
       .def_property_readonly("max_rows", &DecodeStack::max_rows)
       .def("forward", &DecodeStack::forward, py::call_guard<py::gil_scoped_release>(),
