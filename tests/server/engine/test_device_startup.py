@@ -43,8 +43,8 @@ def test_the_decode_stack_of_a_model_off_the_cpu_never_loads_the_cpu_kernels():
         raise AssertionError("the CPU kernels were loaded")
 
     with mock.patch.object(cpu_kernels, "load", forbidden):
-        assert decode_stack.build(_model("meta"), 16) is None
-        assert decode_stack.build(_model("cpu", torch.bfloat16), 16) is None
+        assert decode_stack.build(_model("meta")) is None
+        assert decode_stack.build(_model("cpu", torch.bfloat16)) is None
 
 
 def test_device_auto_says_why_it_serves_on_the_cpu_beside_a_gpu(monkeypatch, caplog):
