@@ -12,9 +12,11 @@ product measures the candidates once per process and keeps the fastest:
   weight row read once for all the input rows.
 A decode batch (a few dozen rows) is compute-bound, but at such row counts MKL runs well under
 the machine's peak; the compiled register-tile product (kernels/csrc/float32_gemm.cpp) is
-measured against the split one the same way, at a batch's size, and the faster serves. Where it
-wins, it is measured once more against MKL at a prefill chunk's size (MKL's blocking is at its
-best there): the winner serves every larger batch.
+measured against the split one the same way, at a batch's size, and the faster serves. For
+larger batches (prefill chunks) MKL, oneDNN's float32 GEMM (part of PyTorch: its JIT kernels
+dispatch on the CPU's instruction sets, MKL's fast paths partly on its vendor) and the
+register-tile product where it won the batch measurement are measured once at a prefill
+chunk's size, and the winner serves every larger batch.
 """
 
 import functools
@@ -94,14 +96,33 @@ def batch_product() -> tuple[str, Product]:
     return _fastest(found, BATCH_PROBE_ROWS)
 
 
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _onednn_serves() -> bool:
+    """Whether this PyTorch has oneDNN's linear and it agrees with MKL's (a private op: a build
+    without it, or one that computes something else, leaves MKL)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    x, weight, bias = torch.randn(5, 40), torch.randn(24, 40), torch.randn(24)
+    try:
+        return torch.allclose(_onednn(x, weight, bias), F.linear(x, weight, bias), 1e-5, 1e-4)
+    except (RuntimeError, AttributeError):
+        return False
+
+
 @functools.cache
 def large_product() -> tuple[str, Product]:
-    """The product for more rows than BATCH_MAX_ROWS (prefill chunks, large decode batches):
-    MKL's `linear`, or float32_gemm where it won batch_product() and, at a prefill chunk's size,
-    wins again (the rows are compute-bound: a few matrices that stay in cache serve)."""
-    if batch_product()[0] != "gemm":
-        return "linear", F.linear
-    return _fastest({"linear": F.linear, "gemm": batch_product()[1]}, LARGE_PROBE_ROWS, 4)
+    """The product for more rows than BATCH_MAX_ROWS (prefill chunks, large decode batches),
+    measured at a prefill chunk's size: MKL's `linear`, oneDNN's, and float32_gemm where it won
+    batch_product() (the rows are compute-bound: a few matrices that stay in cache serve)."""
+    found: dict[str, Product] = {"linear": F.linear}
+    if _onednn_serves():
+        found["onednn"] = _onednn
+    if batch_product()[0] == "gemm":
+        found["gemm"] = batch_product()[1]
+    return _fastest(found, LARGE_PROBE_ROWS, 4) if len(found) > 1 else ("linear", F.linear)
 
 
 def compiled_max_rows() -> int:
@@ -128,6 +149,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         return F.linear(x, weight, bias)
     if rows <= BATCH_MAX_ROWS and compiled:
         return batch_product()[1](x, weight, bias)
-    if compiled and large_product()[0] == "gemm":
+    if compiled and large_product()[0] != "linear":
         return large_product()[1](x, weight, bias)
     return _split(x, weight, bias) if rows <= SPLIT_MAX_ROWS else F.linear(x, weight, bias)

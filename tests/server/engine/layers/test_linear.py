@@ -17,6 +17,8 @@ from kvpilot_server.engine.layers.linear import (
     LARGE_PROBE_ROWS,
     SPLIT_MAX_ROWS,
     _candidates,
+    _onednn,
+    _onednn_serves,
     batch_product,
     decode_product,
     large_product,
@@ -44,7 +46,12 @@ def test_linear_equals_pytorch(rows, shape, with_bias):
     x = torch.randn(rows, in_features, generator=generator)
     weight = torch.randn(out_features, in_features, generator=generator)
     bias = torch.randn(out_features, generator=generator) if with_bias else None
-    torch.testing.assert_close(linear(x, weight, bias), F.linear(x, weight, bias), **CLOSE)
+    # Against the exact product: each candidate (MKL, oneDNN, the kernels) rounds its own way,
+    # by about sqrt(in_features) float32 steps of the unit-variance terms.
+    b = None if bias is None else bias.double()
+    expected = F.linear(x.double(), weight.double(), b).float()
+    atol = 1e-5 * in_features**0.5
+    torch.testing.assert_close(linear(x, weight, bias), expected, rtol=1e-5, atol=atol)
 
 
 @pytest.mark.parametrize("name", ["linear", "split", "kernel"])
@@ -88,11 +95,23 @@ def test_the_measured_choices_are_candidates_and_stay():
     assert decode_product() == (name, product)  # measured once per process
     assert batch_product()[0] in ("split", "gemm")
     assert batch_product() is batch_product()
-    # MKL, unless the compiled batch product won its own measurement first.
-    allowed = ("linear", "gemm") if batch_product()[0] == "gemm" else ("linear",)
+    # MKL or oneDNN; the compiled batch product only where it won its own measurement first.
+    allowed = ("linear", "onednn", "gemm") if batch_product()[0] == "gemm" else ("linear", "onednn")
     assert large_product()[0] in allowed
     assert large_product() is large_product()
     assert DECODE_MAX_ROWS < BATCH_MAX_ROWS < SPLIT_MAX_ROWS < LARGE_PROBE_ROWS
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_onednn_equals_pytorch(strided):
+    """oneDNN's linear, a large batch's candidate: here it is (PyTorch's CPU wheels carry it),
+    and its products are MKL's to float32 rounding, a strided input and a bias included."""
+    assert _onednn_serves()
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(LARGE_PROBE_ROWS + 3, 577, generator=generator)
+    x = x.t().contiguous().t() if strided else x
+    weight, bias = torch.randn(961, 577, generator=generator), torch.randn(961)
+    torch.testing.assert_close(_onednn(x, weight, bias), F.linear(x, weight, bias), **CLOSE)
 
 
 def test_a_non_contiguous_weight_takes_the_pytorch_path():
@@ -107,10 +126,11 @@ def test_a_float_layer_names_the_compiled_products_it_runs(monkeypatch):
     layer = Linear(64, 32, bias=True)
     kernel = cpu_kernels.load()
     measured = {"kernel": kernel.float32_linear, "gemm": kernel.float32_gemm, "split": F.linear}
-    measured["linear"] = F.linear
+    measured["linear"] = measured["onednn"] = F.linear
     for small, batch, large, rows in [
         ("kernel", "gemm", "gemm", sys.maxsize),  # every batch: the stack serves any decode
         ("kernel", "gemm", "linear", BATCH_MAX_ROWS),
+        ("kernel", "gemm", "onednn", BATCH_MAX_ROWS),
         ("kernel", "split", "linear", 4),
     ]:
         monkeypatch.setattr(module, "decode_product", lambda s=small: (s, measured[s]))
