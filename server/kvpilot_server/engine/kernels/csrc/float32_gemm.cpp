@@ -56,9 +56,10 @@ struct Operands {
   int64_t rows, in, out;
 };
 
-// y[r0 + r, o0 + o] for NO weight rows from o0 and NR input rows from r0.
+// y[r0 + r, o0 + o] for NO weight rows from o0 and NR input rows from r0; meanwhile the
+// `nahead` weight rows from `ahead` are asked for into L2, a line each per loaded vector.
 template <int NO, int NR>
-void tile(const Operands& p, int64_t o0, int64_t r0, const float* ahead) {
+void tile(const Operands& p, int64_t o0, int64_t r0, const float* ahead, int64_t nahead) {
   const float* w = p.w + o0 * p.in;
   const float* x = p.x + r0 * p.in;
   Vec acc[NO][NR];
@@ -68,9 +69,8 @@ void tile(const Operands& p, int64_t o0, int64_t r0, const float* ahead) {
   for (; i + kLanes <= p.in; i += kLanes) {
     Vec wv[NO];
     for (int o = 0; o < NO; ++o) wv[o] = load(w + o * p.in + i);
-    if (ahead)
-      for (int o = 0; o < NO; ++o)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + o * p.in + i), _MM_HINT_T1);
+    for (int64_t a = 0; a < nahead; ++a)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + a * p.in + i), _MM_HINT_T1);
     for (int r = 0; r < NR; ++r) {
       Vec xv = load(x + r * p.in + i);
       kvpilot::in_register(xv);
@@ -103,16 +103,30 @@ void tile(const Operands& p, int64_t o0, int64_t r0, const float* ahead) {
 // Every row of [r0, r1) against NO weight rows from o0: full tiles of kNR rows, then the rest.
 template <int NO>
 void rows(const Operands& p, int64_t o0, int64_t r0, int64_t r1) {
-  int64_t r = r0;
+  const int64_t passes = (r1 - r0 + kNR - 1) / kNR;
   const float* ahead = o0 + 2 * kNO <= p.out ? p.w + (o0 + kNO) * p.in : nullptr;
-  for (; r + kNR <= r1; r += kNR, ahead = nullptr) tile<NO, kNR>(p, o0, r, ahead);
+  int64_t r = r0, pass = 0;
+  // The next tile's weight rows are asked for into L2 a row or so per pass over this tile's
+  // input rows: asked for all in one pass, most requests find the core's miss buffers full,
+  // and a decode step's weights, which come from memory, run well under their in-cache rate.
+  auto share = [&](int64_t k, const float*& at) {
+    const int64_t first = k * kNO / passes, last = (k + 1) * kNO / passes;
+    at = ahead ? ahead + first * p.in : nullptr;
+    return ahead ? last - first : 0;
+  };
+  const float* at = nullptr;
+  for (; r + kNR <= r1; r += kNR, ++pass) {
+    const int64_t n = share(pass, at);
+    tile<NO, kNR>(p, o0, r, at, n);
+  }
+  const int64_t n = r < r1 ? share(pass, at) : 0;
   switch (r1 - r) {
     case 0: break;
-    case 1: tile<NO, 1>(p, o0, r, ahead); break;
-    case 2: tile<NO, 2>(p, o0, r, ahead); break;
-    case 3: tile<NO, 3>(p, o0, r, ahead); break;
-    case 4: tile<NO, 4>(p, o0, r, ahead); break;  // a tail only where kNR is 6
-    default: tile<NO, 5>(p, o0, r, ahead); break;
+    case 1: tile<NO, 1>(p, o0, r, at, n); break;
+    case 2: tile<NO, 2>(p, o0, r, at, n); break;
+    case 3: tile<NO, 3>(p, o0, r, at, n); break;
+    case 4: tile<NO, 4>(p, o0, r, at, n); break;  // a tail only where kNR is 6
+    default: tile<NO, 5>(p, o0, r, at, n); break;
   }
 }
 
