@@ -18,6 +18,14 @@ import random
 import time
 
 import torch
+from decode_attention import (  # the sibling benchmark, beside this file: the same layers
+    BLOCK,
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    layer,
+)
 
 from kvpilot_server.engine.kernels import cpu_kernels
 from kvpilot_server.engine.layers.attention import (
@@ -28,11 +36,8 @@ from kvpilot_server.engine.layers.attention import (
     paged_attention,
     visible_keys,
 )
-from kvpilot_server.engine.layers.kv_cache import LayerCache
 from kvpilot_testing import results
 from kvpilot_testing.machine import engine_machine
-
-HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
 
 
 def workload_chunk(seed: int) -> list[tuple[int, int]]:
@@ -43,19 +48,6 @@ def workload_chunk(seed: int) -> list[tuple[int, int]]:
         chunk.append((0, n))
         left -= n
     return chunk
-
-
-def layer(chunks, rng: torch.Generator) -> tuple[LayerCache, torch.Tensor]:
-    widths = [-(-(cached + n) // BLOCK) for cached, n in chunks]
-    blocks = sum(widths) + 1
-    shape = (blocks, BLOCK, KV_HEADS, HEAD_DIM)
-    cache = LayerCache(torch.randn(shape, generator=rng), torch.randn(shape, generator=rng))
-    order, tables = torch.randperm(blocks, generator=rng), torch.zeros(len(chunks), max(widths))
-    at = 0
-    for row, width in enumerate(widths):
-        tables[row, :width] = order[at : at + width]
-        at += width
-    return cache, tables.long()
 
 
 def metadata(tables: torch.Tensor, chunks, kernel) -> AttentionMetadata:
@@ -113,7 +105,8 @@ def main() -> None:
     result = {"machine": engine_machine(), "cases": {}}
     rng = torch.Generator().manual_seed(args.seed)
     for name, chunks in cases.items():
-        layers = [layer(chunks, rng) for _ in range(LAYERS)]
+        contexts = [cached + n for cached, n in chunks]
+        layers = [layer(contexts, rng) for _ in range(LAYERS)]
         case = {
             "chunks": len(chunks),
             "query_tokens": sum(n for _, n in chunks),
