@@ -21,7 +21,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HUGE = 2 << 20
-MADV_HUGEPAGE = 14  # linux/mman.h
+MADV_DONTNEED, MADV_HUGEPAGE = 4, 14  # linux/mman.h
 ALIGN = 64  # each placed tensor starts on a cache line, as an allocation of its own would
 
 
@@ -39,7 +39,9 @@ def _madvise():
 
 def advise(tensor: torch.Tensor) -> bool:
     """Ask for huge pages under the 2 MiB-aligned interior of a CPU tensor's memory, before it
-    is first written (pages already touched stay as they are). True where the kernel agreed."""
+    is first written. True where the kernel agreed. The allocator may hand out memory it had
+    touched before (a freed chunk of its heap, not a fresh mapping), whose 4 KiB pages would
+    stay: they are dropped first, which loses nothing of a tensor not yet written."""
     madvise = _madvise()
     if madvise is None or tensor.device.type != "cpu":
         return False
@@ -47,6 +49,9 @@ def advise(tensor: torch.Tensor) -> bool:
     end = start + tensor.untyped_storage().nbytes()
     first, last = -(-start // HUGE) * HUGE, end // HUGE * HUGE
     if last <= first:  # smaller than a huge page's aligned span
+        return False
+    if madvise(first, last - first, MADV_DONTNEED) != 0:
+        log.debug("madvise(MADV_DONTNEED) refused: errno %d", ctypes.get_errno())
         return False
     if madvise(first, last - first, MADV_HUGEPAGE) != 0:
         log.debug("madvise(MADV_HUGEPAGE) refused: errno %d", ctypes.get_errno())
