@@ -68,7 +68,11 @@ def step_ms(layers, lens: list[int], kernel, runs: int = 5) -> float:
     rng = torch.Generator().manual_seed(1)
     q = torch.randn(len(lens), HEADS, HEAD_DIM, generator=rng)
     k, v = (torch.randn(len(lens), KV_HEADS, HEAD_DIM, generator=rng) for _ in range(2))
-    metas = [metadata(tables, lens, kernel) for _, tables in layers]
+    return best_step_ms(layers, [metadata(t, lens, kernel) for _, t in layers], q, k, v, runs)
+
+
+def best_step_ms(layers, metas, q, k, v, runs: int) -> float:
+    """Best of `runs` passes of paged_attention over every layer with its metadata, in ms."""
     workspace, best = Workspace(), float("inf")
     for _ in range(runs):
         start = time.perf_counter()

@@ -15,7 +15,6 @@ fixed seed; best of three steps.
 import argparse
 import json
 import random
-import time
 
 import torch
 from decode_attention import (  # the sibling benchmark, beside this file: the same layers
@@ -24,6 +23,7 @@ from decode_attention import (  # the sibling benchmark, beside this file: the s
     HEADS,
     KV_HEADS,
     LAYERS,
+    best_step_ms,
     layer,
 )
 
@@ -32,8 +32,6 @@ from kvpilot_server.engine.layers.attention import (
     AttentionMetadata,
     PrefillBatch,
     PrefillChunk,
-    Workspace,
-    paged_attention,
     visible_keys,
 )
 from kvpilot_testing import results
@@ -73,13 +71,7 @@ def step_ms(layers, chunks, kernel, runs: int = 3) -> float:
     qkv = torch.randn(rows, HEADS + 2 * KV_HEADS, HEAD_DIM, generator=rng)
     q, k, v = qkv.split_with_sizes((HEADS, KV_HEADS, KV_HEADS), dim=1)  # as the model's views
     metas = [metadata(tables, chunks, kernel) for _, tables in layers]
-    workspace, best = Workspace(), float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        for (cache, _), meta in zip(layers, metas, strict=True):
-            paged_attention(q, k, v, cache, meta, workspace)
-        best = min(best, time.perf_counter() - start)
-    return best * 1000
+    return best_step_ms(layers, metas, q, k, v, runs)
 
 
 def flops(chunks) -> float:
