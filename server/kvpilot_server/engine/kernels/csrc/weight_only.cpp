@@ -223,10 +223,15 @@ Int4Weights int4_weights(const torch::Tensor& q, const torch::Tensor& scale,
 #if defined(__AVX512F__)
 // float32 weights against up to kWideRows rows where the CPU has AVX-512: one 16-lane load per
 // 64-byte line of a weight row serves every input row, half the loads and multiply-adds of the
-// 8-lane loop above, and one prefetch per line. A decode step at batch 1 is this loop over
-// every weight, memory-bound only while its instructions keep up with the memory; the 8-lane
-// loop with product()'s burst of prefetches per row read SmolLM2's matrices measurably slower
-// (benchmarks/engine_throughput.py's batch-1 figure against its bandwidth bound).
+// 8-lane loop above. A decode step at batch 1 is this loop over every weight, memory-bound only
+// while its instructions keep up with the memory; the 8-lane loop with product()'s burst of
+// prefetches per row read SmolLM2's matrices measurably slower.
+//
+// No software prefetch: each thread reads one run of consecutive rows, a plain stream, which the
+// hardware prefetcher follows across a whole 2 MiB page (the weights sit on huge pages,
+// engine/huge_pages.py). A prefetch per line, rows ahead, takes a load slot per line and kept
+// the stream well under a plain read's rate (benchmarks/engine_throughput.py's batch-1 figure
+// against its read bound); on 4 KiB pages it gained nothing either.
 constexpr int64_t kWideRows = 4;
 
 template <int R>
@@ -241,15 +246,10 @@ torch::Tensor float32_wide(const torch::Tensor& x, const torch::Tensor& w, const
 #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < out; ++o) {
     const float* row = wp + o * in;
-    // Each line of the row kAhead rows on is asked for, into L2, as the same line of this one
-    // is read: spread over the loop, not in a burst before it, and not into L1, where at 4
-    // rows the requests pushed out the inputs (both measured slower).
-    const char* ahead = reinterpret_cast<const char*>(o + kAhead < out ? row + kAhead * in : row);
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= in; i += 16) {
-      _mm_prefetch(ahead + 4 * i, _MM_HINT_T1);
       const __m512 wv = _mm512_loadu_ps(row + i);
       for (int r = 0; r < R; ++r)
         acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp + r * in + i), acc[r]);
