@@ -282,6 +282,12 @@ def test_the_prebuilt_avx2_kernels_load_and_give_the_same_answers(tmp_path, monk
         for name in ("float32_linear", "float32_gemm"):
             got = getattr(portable, name)(x, linear.weight.detach(), linear.bias.detach())
             torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-4)
+    # Inputs that end mid-line (40 = 16 + 16 + 8): the few-row loop's scalar tail.
+    odd, bias = torch.randn(24, 40), torch.randn(24)
+    for rows in (1, 2, 3, 4):
+        x = torch.randn(rows, 40)
+        expected = nn.functional.linear(x.double(), odd.double(), bias.double()).float()
+        torch.testing.assert_close(portable.float32_linear(x, odd, bias), expected)
     # Decode attention: the AVX2 build scores one query head at a time, the AVX-512 build up to
     # four of a group in one pass; the same sums in other orders.
     cache = [torch.randn(64, 16, 2, 64) for _ in range(2)]
