@@ -288,11 +288,15 @@ def test_the_prebuilt_avx2_kernels_load_and_give_the_same_answers(tmp_path, monk
         x = torch.randn(rows, 40)
         expected = nn.functional.linear(x.double(), odd.double(), bias.double()).float()
         torch.testing.assert_close(portable.float32_linear(x, odd, bias), expected)
-    # Decode attention: the AVX2 build scores one query head at a time, the AVX-512 build up to
-    # four of a group in one pass; the same sums in other orders.
-    cache = [torch.randn(64, 16, 2, 64) for _ in range(2)]
+    # Decode attention: both builds take up to four query heads of a group in one pass (8 lanes
+    # against 16, 2 or 4 keys at a time against 4), one at a time where head_dim is not a
+    # multiple of 16; the same sums in other orders. Groups of 4, 3 (SmolLM2's), 7 (a pass of
+    # 4, then 3) and 1; head dims 64, 128, and 48 and 40 (one pass, and one head at a time).
     tables = torch.randperm(64)[:30].view(3, 10)
-    q, lens = torch.randn(3, 8, 64), torch.tensor([1, 77, 160])
-    for window in (0, 37):
-        args = (q, *cache, tables, lens, 0.125, window)
-        torch.testing.assert_close(portable.paged_decode(*args), native.paged_decode(*args))
+    lens = torch.tensor([1, 77, 160])
+    for kv_heads, heads, head_dim in ((2, 8, 64), (3, 9, 64), (1, 7, 128), (2, 2, 48), (1, 3, 40)):
+        cache = [torch.randn(64, 16, kv_heads, head_dim) for _ in range(2)]
+        q = torch.randn(3, heads, head_dim)
+        for window in (0, 37):
+            args = (q, *cache, tables, lens, 0.125, window)
+            torch.testing.assert_close(portable.paged_decode(*args), native.paged_decode(*args))

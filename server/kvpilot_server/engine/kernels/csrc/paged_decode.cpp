@@ -3,13 +3,14 @@
 // One query token per sequence; each sequence and kv head is one OpenMP task (each part of its
 // keys, where a batch has too few sequences for the threads: decode_split.h). It finds that kv
 // head's keys and values through the block table once and serves every query head that shares
-// it (grouped-query attention), so nothing is copied, padded or repeated for float32. With
-// AVX-512 and a head_dim of a multiple of 16, up to four query heads of the group share one pass
-// over the keys and one over the values (grouped_heads.h). Otherwise, per query head: scores
-// four keys at a time with the query in registers, a vectorised softmax, then the weighted sum
-// of values 64 dimensions at a time in registers. Either way the rows are asked for ahead (a
-// sequence's blocks are scattered, too short a run for the hardware prefetcher), and the
-// multiply-adds are explicit, as the module is built without contracted ones (cpu_kernels.py).
+// it (grouped-query attention), so nothing is copied, padded or repeated for float32. With a
+// head_dim of a multiple of 16, up to four query heads of the group share one pass over the
+// keys and one over the values (grouped_heads.h; 16-lane vectors with AVX-512, 8 with AVX2).
+// Otherwise, per query head: scores four keys at a time with the query in registers, a
+// vectorised softmax, then the weighted sum of values 64 dimensions at a time in registers.
+// Either way the rows are asked for ahead (a sequence's blocks are scattered, too short a run
+// for the hardware prefetcher), and the multiply-adds are explicit, as the module is built
+// without contracted ones (cpu_kernels.py).
 //
 // The cache holds float32, or int8 with a float32 scale per token per kv head. An int8 head
 // row is dequantized once into a per-thread buffer, and every query head of its group reads it
@@ -32,12 +33,6 @@ namespace {
 using kvpilot::hsum;
 using kvpilot::softmax_ops::exp_less_max;
 using kvpilot::softmax_ops::softmax;
-
-// The four sums of four vectors' lanes.
-inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
 
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kFar = 32;  // rows ahead requested into L2 (as grouped_heads.h, measured there)
@@ -64,7 +59,7 @@ void scores(const float* q, const float* const* rows, int64_t n, int64_t hd, flo
       a2 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(rows[t + 2] + 8 * c), a2);
       a3 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(rows[t + 3] + 8 * c), a3);
     }
-    _mm_storeu_ps(s + t, _mm_mul_ps(hsum4(a0, a1, a2, a3), _mm_set1_ps(scale)));
+    _mm_storeu_ps(s + t, _mm_mul_ps(kvpilot::totals4(a0, a1, a2, a3), _mm_set1_ps(scale)));
   }
   for (; t < n; ++t) {
     __m256 a = _mm256_setzero_ps();
@@ -133,7 +128,7 @@ inline void weigh(float* probs, int64_t n, float* stats) {
   stats[1] = total;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if defined(KVPILOT_GROUPED_HEADS)
 template <int G, int64_t HD>
 void grouped_pass(const float* q, const float* const* keys, const float* const* values,
                   int64_t n, int64_t hd, float scale, float* probs, Part part) {
@@ -190,7 +185,7 @@ void decode_rows(const float* qp, const T* kp, const T* vp, const float* ksp, co
     gather_rows(kp, ksp, table, first, end, bs, kvh, kv, hd, keys, key_buf);
     gather_rows(vp, vsp, table, first, end, bs, kvh, kv, hd, values, value_buf);
     const float* q = qp + (d * H + kv * group) * hd;
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if defined(KVPILOT_GROUPED_HEADS)
     if (hd % 16 == 0) {
       probs.resize(kvpilot::grouped::kMaxGroup * n);
       for (int64_t head = 0; head < group; head += kvpilot::grouped::kMaxGroup) {

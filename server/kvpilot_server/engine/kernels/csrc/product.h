@@ -16,6 +16,12 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// The four totals of a, b, c and d (8 lanes each).
+inline __m128 totals4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 // The four totals of a, b, c and d: pairwise within 128-bit lanes, then across them.
 inline __m128 totals4(__m512 a, __m512 b, __m512 c, __m512 d) {
