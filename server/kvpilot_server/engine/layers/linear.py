@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from kvpilot_server.engine import huge_pages
 from kvpilot_server.engine.kernels import cpu_kernels
 
 SPLIT_MAX_ROWS = 256  # measured: faster than `linear` up to here, equal at 512
@@ -63,8 +64,13 @@ def _candidates() -> dict[str, Product]:
 def _fastest(candidates: dict[str, Product], rows: int, matrices: int = 24) -> tuple[str, Product]:
     """The candidate that runs `rows` rows fastest against weights that are not in cache, as in
     a decode step (each layer's weights are read once per step): by default a few dozen MB of
-    distinct matrices (about 85 MB), the best of three passes each."""
-    weights = [torch.randn(1536, 576) for _ in range(matrices)]
+    distinct matrices (about 85 MB), the best of three passes each. They lie on huge pages, as
+    a model's weights do (engine/huge_pages.py): a stream of rows reads far faster there, and
+    not by the same factor for every candidate."""
+    shape = (1536, 576)
+    store = torch.empty(matrices, *shape)
+    huge_pages.advise(store)  # before the first write
+    weights = list(store.normal_().unbind())
     x = torch.randn(rows, 576)
     timings = {}
     for name, product in candidates.items():
