@@ -5,7 +5,8 @@ long as its int4 products; the stack calls the same kernels in the same order fr
 output equals the modules' bit for bit (tests/server/engine/kernels/test_decode_stack.py holds it
 to that). It serves what those kernels serve: CPU float32 models whose decoder linears a compiled
 product runs (int4, int8, or float32 where layers/linear.py measured the compiled float32
-products fastest), no tensor parallelism, no q/k norms, Llama's layer (two norms, silu gates, the
+products fastest) or oneDNN's packed bfloat16 product (dtype bfloat16 on CPU, whose other parts
+are float32), no tensor parallelism, no q/k norms, Llama's layer (two norms, silu gates, the
 head_dim ** -0.5 query scale: not Gemma's), a float32 KV cache, and steps that are pure decodes of
 at most as many sequences as every one of those products serves (kernels/operands.py's
 max_rows). The modules' loop (models/llama.py) runs everything else and stays the definition.
@@ -58,8 +59,8 @@ def build(model: nn.Module) -> Any | None:
 
 
 def _linear(kernel: Any, module: nn.Module) -> Any | None:
-    """The stack's copy of one decoder linear, or None when no compiled product serves it (a
-    bfloat16 layer, one off CPU float32, or MKL measured fastest). A LoRA wrapper's base
+    """The stack's copy of one decoder linear, or None when no compiled product serves it (an
+    unpacked bfloat16 layer, one off the CPU, or MKL measured fastest). A LoRA wrapper's base
     serves: the stack runs only steps without adapter rows (models/llama.py)."""
     module = getattr(module, "base", module)
     operands = getattr(module, "decode_operands", None)

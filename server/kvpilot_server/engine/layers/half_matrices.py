@@ -17,11 +17,13 @@ float32 is the dtype whose greedy output equals Hugging Face's.
 """
 
 import logging
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvpilot_server.engine.kernels.operands import DecodeOperands, ProductKind
 from kvpilot_server.engine.layers.direct import Direct
 from kvpilot_server.engine.layers.quant import decoder_linears
 
@@ -78,6 +80,17 @@ class HalfLinear(Direct):
         self.register_buffer("weight", weight if packed is None else packed)
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().float())
+
+    def decode_operands(self) -> DecodeOperands | None:
+        """The decode stack (kernels/decode_stack.py) runs a packed weight through the same
+        oneDNN op as forward(), for any number of rows; a plain one (not packed) it leaves to
+        forward()."""
+        if not self.packed:
+            return None
+        b = self._buffers
+        return DecodeOperands(
+            ProductKind.BFLOAT16, b["weight"], None, None, 0, b["bias"], sys.maxsize
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = self._buffers  # nn.Module's attribute lookup costs ~0.5 us a name

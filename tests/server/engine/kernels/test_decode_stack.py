@@ -1,12 +1,15 @@
 """The compiled decode stack (engine/kernels/decode_stack.py) against the modules' loop it replaces:
 the same kernels in the same order, so the same logprobs bit for bit, whatever the batch."""
 
+import sys
+
 import pytest
 import torch.nn.functional as F
 
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine.kernels import cpu_kernels, decode_stack
 from kvpilot_server.engine.layers import linear
+from kvpilot_server.engine.layers.half_matrices import HalfLinear
 from kvpilot_server.engine.layers.quant import KERNEL_MAX_ROWS
 
 MiB = 1 << 20
@@ -78,13 +81,38 @@ def test_the_stack_equals_the_modules_bit_for_bit(
 
 def test_what_the_stack_does_not_serve_runs_the_modules(tiny_dir, corpus_ids, monkeypatch):
     prompts = [corpus_ids[:30], corpus_ids[40:50]]
-    # bfloat16 matrices, q/k norms, and an int8 KV cache: no stack, or no step for it.
-    half = _run(tiny_dir("llama"), prompts, "none", stack=True, dtype="bfloat16")[0]
-    assert half.engine.model.stack is None
+    # q/k norms, and an int8 KV cache: no stack, or no step for it.
     assert _run(tiny_dir("qwen3"), prompts, "int4", stack=True)[0].engine.model.stack is None
     llm, int8_cache = _run(tiny_dir("llama"), prompts, "int4", True, kv_cache_dtype="int8")
     assert llm.engine.model.stack is not None
     assert int8_cache == _run(tiny_dir("llama"), prompts, "int4", False, kv_cache_dtype="int8")[1]
+
+
+def test_bfloat16_matrices_run_in_the_stack_where_onednn_packs_them(
+    tiny_dir, corpus_ids, monkeypatch
+):
+    """dtype bfloat16 on CPU: the stack calls oneDNN's packed product as the modules do, at
+    every batch size; on a CPU without bfloat16 products oneDNN packs nothing, and the modules
+    serve alone."""
+    served = []
+    real = decode_stack.decode_group
+    monkeypatch.setattr(
+        decode_stack,
+        "decode_group",
+        lambda *args: served.append(real(*args) is not None) or real(*args),
+    )
+    path = tiny_dir("llama-mqa-bias")  # biases on every projection
+    prompts = [corpus_ids[7 * i : 7 * i + 5 + 9 * i % 150] for i in range(6)]
+    llm, with_stack = _run(path, prompts, "none", stack=True, dtype="bfloat16")
+    packed = {m.packed for m in llm.engine.model.modules() if isinstance(m, HalfLinear)}
+    assert len(packed) == 1
+    if packed == {False}:
+        assert llm.engine.model.stack is None and not any(served)
+        return
+    assert llm.engine.model.stack.max_rows == sys.maxsize
+    assert served.count(True) >= 10
+    _, without = _run(path, prompts, "none", stack=False, dtype="bfloat16")
+    assert with_stack == without
 
 
 def test_float32_weights_follow_the_measured_products(tiny_dir, corpus_ids, monkeypatch):

@@ -5,22 +5,43 @@
 // the result is the same bit for bit; what goes is the Python between them: at batch 1 the
 // interpreter's share of a decode step (module calls, views, splits, argument checks) was as
 // long as the int4 products themselves. Serves decoders whose linears a compiled product runs
-// (int4, int8, float32) on a float32 KV cache, one decode per sequence, no tensor parallelism, no
-// q/k norms; the modules serve the rest (engine/kernels/decode_stack.py decides).
+// (int4, int8, float32), or oneDNN's bfloat16 one (dtype bfloat16 on CPU), on a float32 KV
+// cache, one decode per sequence, no tensor parallelism, no q/k norms; the modules serve the
+// rest (engine/kernels/decode_stack.py decides).
 #include "kernels.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace {
 
-enum class Kind { kInt4Int8, kInt4, kInt8, kFloat32 };
+enum class Kind { kInt4Int8, kInt4, kInt8, kFloat32, kBfloat16 };
+
+// dtype bfloat16 on CPU (layers/half_matrices.py): the input rounded to bfloat16, oneDNN's
+// product against the weight in its packed layout, the output back in float32, then the bias;
+// the same op calls as HalfLinear.forward, so the same result bit for bit. oneDNN's linear is
+// reached through the dispatcher, as Python's torch.ops.mkldnn reaches it.
+torch::Tensor bfloat16_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                              const c10::optional<torch::Tensor>& bias) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  std::vector<c10::IValue> stack{x.to(torch::kBFloat16), packed, c10::IValue(),
+                                 c10::IValue(std::string("none")),
+                                 c10::IValue(c10::List<std::optional<at::Scalar>>()),
+                                 c10::IValue(std::string(""))};
+  op.callBoxed(&stack);
+  auto out = stack[0].toTensor().to(torch::kFloat32);
+  return bias.has_value() ? out.add_(*bias) : out;
+}
 
 // One linear layer as its decode kernel reads it.
 struct Linear {
   Kind kind;
-  torch::Tensor q, scale, minimum;  // q: the weight; scale: not float32; minimum: int4 only
+  torch::Tensor q, scale, minimum;  // q: the weight; scale: int8, int4; minimum: int4 only
   int64_t group;                    // int4 only
   c10::optional<torch::Tensor> bias;
   int64_t max_rows;  // rows this product serves (engine/kernels/operands.py)
@@ -33,6 +54,7 @@ struct Linear {
       case Kind::kInt8: return int8_linear(x, q, scale, bias);
       case Kind::kFloat32:
         return x.size(0) <= float32_rows ? float32_linear(x, q, bias) : float32_gemm(x, q, bias);
+      case Kind::kBfloat16: return bfloat16_linear(x, q, bias);
     }
     TORCH_CHECK(false, "unknown linear kind");
   }
@@ -43,9 +65,11 @@ Linear make_linear(const std::string& kind, torch::Tensor q, c10::optional<torch
                    c10::optional<torch::Tensor> bias, int64_t max_rows) {
   const Kind k = kind == "int4_int8" ? Kind::kInt4Int8 : kind == "int4" ? Kind::kInt4
                  : kind == "int8" ? Kind::kInt8 : kind == "float32" ? Kind::kFloat32
+                 : kind == "bfloat16" ? Kind::kBfloat16
                  : throw std::invalid_argument("kind: " + kind);
-  TORCH_CHECK(k == Kind::kFloat32 || scale.has_value(), "quantized weights need their scales");
-  TORCH_CHECK(k == Kind::kInt8 || k == Kind::kFloat32 || minimum.has_value(),
+  const bool quantized = k != Kind::kFloat32 && k != Kind::kBfloat16;
+  TORCH_CHECK(!quantized || scale.has_value(), "quantized weights need their scales");
+  TORCH_CHECK(!quantized || k == Kind::kInt8 || minimum.has_value(),
               "int4 needs its minimums");
   TORCH_CHECK(max_rows > 0, "max_rows: at least one row");
   return {k, q, scale.value_or(torch::Tensor()), minimum.value_or(torch::Tensor()), group, bias,
