@@ -140,8 +140,14 @@ void scores(const float* q, const float* const* keys, const float* const* values
         for (int j = 0; j < K; ++j) acc[h][j] = _mm256_fmadd_ps(qh, key[j], acc[h][j]);
       }
     }
-    for (int h = 0; h < G; ++h)
-      for (int j = 0; j < K; ++j) s[h * n + t + j] = kvpilot::hsum(acc[h][j]) * scale;
+    for (int h = 0; h < G; ++h) {
+      if constexpr (K == 4) {  // the four keys' totals in one shuffle tree
+        const __m128 sums = kvpilot::totals4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+        _mm_storeu_ps(s + h * n + t, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+      } else {
+        for (int j = 0; j < K; ++j) s[h * n + t + j] = kvpilot::hsum(acc[h][j]) * scale;
+      }
+    }
   }
   for (; t < n; ++t) {
     __m256 acc[G];
