@@ -32,7 +32,9 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
 }
 
-// Lanes [0, n) of 8, for the tail of a row of scores.
+// Lanes [0, n) of 8, for the tail of a row of scores. Only the tail is masked: AMD's cores run
+// a masked store (vmaskmovps) as a long microcoded sequence, and masking every vector of the
+// scores made the softmax cost as much as scoring the keys (decode attention, AMD Zen 4).
 inline __m256i first_lanes(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -50,7 +52,12 @@ inline std::pair<float, float> exp_less_max(float* s, int64_t n) {
   for (int64_t i = t; i < n; ++i) m = std::max(m, s[i]);
   const __m256 shift = _mm256_set1_ps(m);
   __m256 sum = _mm256_setzero_ps();
-  for (t = 0; t < n; t += 8) {
+  for (t = 0; t + 8 <= n; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), shift));
+    _mm256_storeu_ps(s + t, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  if (t < n) {
     const __m256i mask = first_lanes(n - t);
     const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(s + t, mask), shift));
     const __m256 kept = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
@@ -63,7 +70,10 @@ inline std::pair<float, float> exp_less_max(float* s, int64_t n) {
 // s[0, n) = softmax(s[0, n)), in place.
 inline void softmax(float* s, int64_t n) {
   const __m256 inverse = _mm256_set1_ps(1.0f / exp_less_max(s, n).second);
-  for (int64_t t = 0; t < n; t += 8) {
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8)
+    _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inverse));
+  if (t < n) {
     const __m256i mask = first_lanes(n - t);
     _mm256_maskstore_ps(s + t, mask, _mm256_mul_ps(_mm256_maskload_ps(s + t, mask), inverse));
   }
