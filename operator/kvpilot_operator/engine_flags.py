@@ -40,14 +40,19 @@ def engine_args(spec: Spec, name: str) -> list[str]:
         "--model": model_path(spec.model.source),
         "--served-model-name": spec.model.served_model_name or name,
         "--dtype": DTYPES[engine.dtype].name,
-        "--block-size": str(engine.block_size),
-        "--max-num-seqs": str(engine.max_num_seqs),
-        "--max-num-batched-tokens": str(engine.max_num_batched_tokens),
         "--max-waiting": str(engine.max_waiting_requests),
         "--drain-timeout": str(spec.probes.drain_timeout_seconds),
     }
     if engine.max_model_len:
         args["--max-model-len"] = str(engine.max_model_len)
+    # Unset: the engine chooses from the device it finds (kvpilot_common.batch_limits), the same
+    # choice the fit check made from the spec's GPU.
+    if engine.block_size:
+        args["--block-size"] = str(engine.block_size)
+    if engine.max_num_seqs:
+        args["--max-num-seqs"] = str(engine.max_num_seqs)
+    if engine.max_num_batched_tokens:
+        args["--max-num-batched-tokens"] = str(engine.max_num_batched_tokens)
     if resources.gpus or engine.tensor_parallel_size:
         # One process per GPU, NCCL between them over the pod's /dev/shm volume (shmMiB).
         args["--tensor-parallel-size"] = str(spec.tensor_parallel_size)

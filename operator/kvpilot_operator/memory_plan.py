@@ -5,7 +5,7 @@ the engine flags (engine_flags.py) both read it, so they cannot size a replica d
 
 from lightkube.utils.quantity import parse_quantity
 
-from kvpilot_common import precision
+from kvpilot_common import batch_limits, precision
 from kvpilot_common.catalogue import KNOWN_MODELS
 from kvpilot_common.memory_model import (
     GPU_MEMORY_MIB,
@@ -52,11 +52,10 @@ def replica_plan(spec: Spec, shape: ModelShape, memory: int) -> Plan:
     slots = lora_slot_bytes(shape, engine.max_loras, engine.max_lora_rank, dtype)
     size = spec.tensor_parallel_size if gpu else 1
     # A GPU engine sizes its cache around a step's workspace; a CPU pod's headroom covers it.
-    workspace = (
-        workspace_of(shape, dtype, engine.max_num_batched_tokens, engine.max_num_seqs, size)
-        if gpu
-        else 0
-    )
+    workspace = 0
+    if gpu:
+        step = limits(spec, memory)
+        workspace = workspace_of(shape, dtype, step.max_num_batched_tokens, step.max_num_seqs, size)
     return plan(
         shape,
         memory,
@@ -71,6 +70,26 @@ def replica_plan(spec: Spec, shape: ModelShape, memory: int) -> Plan:
         adapter_bytes=slots if spec.adapters else 0,
         workspace_bytes=workspace,
         **({} if gpu else {"headroom_bytes": CPU_HEADROOM_BYTES}),
+    )
+
+
+def limits(spec: Spec, memory: int | None) -> batch_limits.BatchLimits:
+    """The batch limits and block size one replica's engine runs with: the spec's, and for
+    what it leaves unset the engine's choice for a device of `memory` bytes (None: unknown)."""
+    engine, resources = spec.engine, spec.resources
+    gpu = resources.gpus > 0
+    chosen = batch_limits.defaults(
+        gpu=gpu,
+        memory=memory,
+        name=resources.gpu_type or "",
+        dtype=precision.resolve_dtype(DTYPES[engine.dtype].name, gpu),
+        kv_cache_dtype=KV_CACHE_DTYPES[engine.kv_cache_dtype].name,
+    )
+    return batch_limits.settle(
+        chosen,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        block_size=engine.block_size,
     )
 
 

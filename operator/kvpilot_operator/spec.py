@@ -70,9 +70,6 @@ class EngineSpec:
     quantization_group_size: int
     kv_cache_dtype: str
     lm_head_quantization: str
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
     kv_cache_memory_percent: int
     enable_prefix_caching: bool
     max_waiting_requests: int
@@ -82,6 +79,10 @@ class EngineSpec:
     tensor_parallel_size: int | None = None  # None: Spec.tensor_parallel_size decides
     speculative_decoding: "SpeculativeSpec | None" = None
     enforce_eager: bool = False  # GPU: no CUDA graphs
+    # None: the engine's for the device (memory_plan.limits, kvpilot_common.batch_limits).
+    block_size: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
 
     @classmethod
     def of(cls, engine: Mapping[str, Any]) -> "EngineSpec":
@@ -91,9 +92,9 @@ class EngineSpec:
             quantization_group_size=engine["quantizationGroupSize"],
             kv_cache_dtype=engine["kvCacheDtype"],
             lm_head_quantization=engine["lmHeadQuantization"],
-            block_size=engine["blockSize"],
-            max_num_seqs=engine["maxNumSeqs"],
-            max_num_batched_tokens=engine["maxNumBatchedTokens"],
+            block_size=engine.get("blockSize"),
+            max_num_seqs=engine.get("maxNumSeqs"),
+            max_num_batched_tokens=engine.get("maxNumBatchedTokens"),
             kv_cache_memory_percent=engine["kvCacheMemoryPercent"],
             enable_prefix_caching=engine["enablePrefixCaching"],
             enforce_eager=engine["enforceEager"],

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from kvpilot_common import precision
+from kvpilot_common import batch_limits, precision
 from kvpilot_common import speculative as drafts
 from kvpilot_common.errors import ConfigError
 from kvpilot_common.naming import BUNDLED_MODEL
@@ -17,13 +17,14 @@ class EngineConfig:
     model: str = BUNDLED_MODEL
     dtype: str = precision.DEFAULT_DTYPE  # auto: precision.resolve_dtype picks per device
     device: str = "auto"
-    block_size: int = 16
+    # None: chosen from the device once it is known (kvpilot_common.batch_limits; settle_limits).
+    block_size: int | None = None
     # KV cache size: bytes on CPU; fraction of free device memory on CUDA.
     kv_cache_bytes: int = 2 * GiB
     kv_cache_memory_fraction: float = 0.9
     max_model_len: int | None = None  # None: the model's own limit
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     # CUDA: decode steps replay graphs captured per batch size (engine/runtime/cuda_graphs.py);
     # True runs every step eagerly (vLLM's name).
@@ -52,20 +53,23 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         rules = [
-            (self.block_size >= 1, "block_size must be at least 1"),
+            (_unset_or_positive(self.block_size), "block_size must be at least 1"),
             (self.kv_cache_bytes > 0, "kv_cache_bytes must be positive"),
             (
                 0.0 < self.kv_cache_memory_fraction <= 1.0,
                 "kv_cache_memory_fraction must be in (0, 1]",
             ),
-            (self.max_num_seqs >= 1, "max_num_seqs must be at least 1"),
+            (_unset_or_positive(self.max_num_seqs), "max_num_seqs must be at least 1"),
             (
                 self.tensor_parallel_size is None or self.tensor_parallel_size >= 1,
                 "tensor_parallel_size must be at least 1",
             ),
             (self.max_loras >= 1, "max_loras must be at least 1"),
             (self.max_lora_rank >= 1, "max_lora_rank must be at least 1"),
-            (self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1"),
+            (
+                _unset_or_positive(self.max_num_batched_tokens),
+                "max_num_batched_tokens must be at least 1",
+            ),
             (self.max_model_len is None or self.max_model_len >= 2, "max_model_len must be >= 2"),
             (self.dtype in precision.DTYPES, f"unknown dtype {self.dtype!r}"),
             (self.task in TASKS, f"task {self.task!r} is not one of {', '.join(TASKS)}"),
@@ -108,9 +112,23 @@ class EngineConfig:
             if not ok:
                 raise ConfigError(message)
 
+    def settle_limits(self, chosen: batch_limits.BatchLimits) -> batch_limits.BatchLimits:
+        """Fills the batch limits and block size left unset with `chosen` (the device's:
+        batch_limits.defaults), before anything reads them; returns them."""
+        limits = batch_limits.settle(
+            chosen,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            block_size=self.block_size,
+        )
+        self.max_num_seqs = limits.max_num_seqs
+        self.max_num_batched_tokens = limits.max_num_batched_tokens
+        self.block_size = limits.block_size
+        return limits
+
     def check_against_model(self, model_max_len: int, num_blocks: int) -> None:
         """Checks that need the model and the cache size, run once they are known."""
-        assert self.max_model_len is not None
+        assert self.max_model_len is not None and self.block_size is not None
         if self.max_model_len > model_max_len:
             raise ConfigError(
                 f"max_model_len {self.max_model_len} exceeds the model's limit of {model_max_len}"
@@ -121,6 +139,10 @@ class EngineConfig:
                 f"{self.block_size}), fewer than one sequence of max_model_len "
                 f"{self.max_model_len}: raise the KV cache size or lower max_model_len"
             )
+
+
+def _unset_or_positive(value: int | None) -> bool:
+    return value is None or value >= 1
 
 
 def _one_of(values: tuple[int, ...]) -> str:

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from kvpilot_common import parallelism, precision
+from kvpilot_common import batch_limits, parallelism, precision
 from kvpilot_common.catalogue import KNOWN_MODELS
 from kvpilot_common.memory_model import (
     GPU_MEMORY_MIB,
@@ -20,6 +20,8 @@ from kvpilot_common.naming import BUNDLED_MODEL
 from kvpilot_common.step_memory import workspace_of
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine_args import parse_bytes
+
+DEFAULT_GPU = "H100-80GB"  # what a plan names no device for
 
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
@@ -60,11 +62,12 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-cache-memory-fraction", type=float, default=EngineConfig.kv_cache_memory_fraction
     )
-    # What a step's workspace is sized for (kvpilot_common.step_memory): the engine's limits.
+    # What a step's workspace is sized for (kvpilot_common.step_memory): the engine's limits,
+    # by default the ones the engine would choose on this GPU (kvpilot_common.batch_limits).
     parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens
+        "--max-num-batched-tokens", type=int, help="default: the engine's for this GPU"
     )
-    parser.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
+    parser.add_argument("--max-num-seqs", type=int, help="default: the engine's for this GPU")
     parser.add_argument(
         "--tensor-parallel-size",
         type=int,
@@ -93,10 +96,23 @@ def run_plan(args: argparse.Namespace) -> int:
     refused = parallelism.problem(shape.heads, shape.kv_heads, size)
     if refused is not None:
         raise SystemExit(f"kvpilot plan: {args.model}: {refused}")
-    memory = args.gpu_memory or GPU_MEMORY_MIB[args.gpu_type or "H100-80GB"] * MiB
+    gpu_type = args.gpu_type or ("" if args.gpu_memory else DEFAULT_GPU)
+    memory = args.gpu_memory or GPU_MEMORY_MIB[gpu_type] * MiB
     max_len = args.max_model_len or shape.max_position
+    limits = batch_limits.settle(
+        batch_limits.defaults(
+            gpu=True,
+            memory=memory,
+            name=gpu_type,
+            dtype=args.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
+        ),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=None,
+    )
     workspace = workspace_of(
-        shape, args.dtype, args.max_num_batched_tokens, args.max_num_seqs, size
+        shape, args.dtype, limits.max_num_batched_tokens, limits.max_num_seqs, size
     )
     p = plan(
         shape,
@@ -127,6 +143,8 @@ def run_plan(args: argparse.Namespace) -> int:
         "tensor_parallel_size": size,
         "device_memory_mib": memory // MiB,  # this and the next three: per GPU
         "weights_mib": p.weight_bytes // MiB,
+        "max_num_seqs": limits.max_num_seqs,  # what the workspace is sized for
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
         "step_workspace_mib": workspace // MiB,
         "kv_bytes_per_token": p.kv_bytes_per_token,
         "kv_cache_mib": max(0, p.kv_cache_bytes) // MiB,

@@ -35,6 +35,7 @@ def test_the_cache_takes_the_fraction_of_free_memory_a_steps_workspace_leaves(
     config = EngineConfig(
         model=str(path),
         kv_cache_memory_fraction=0.5,
+        block_size=16,
         max_num_batched_tokens=4096,
         max_num_seqs=256,
     )

@@ -25,11 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
+from kvpilot_common import batch_limits
+
 log = logging.getLogger(__name__)
 # bfloat16 against bfloat16: two summation orders of the same products.
 AGREEMENT = 0.02
-# torch's flash kernel (FlashAttention 2) refuses a block table over pages of other sizes.
-PAGE_MULTIPLE = 256
+# torch's flash kernel (FlashAttention 2) refuses a block table over pages of other sizes; the
+# GPU's default block size is this where the flash path may serve (kvpilot_common.batch_limits).
+PAGE_MULTIPLE = batch_limits.FLASH_PAGE
 
 
 @dataclass
@@ -61,17 +64,18 @@ def unusable(
     """Why the flash path cannot serve this model here, or '' when it may (pending self_test)."""
     if device.type != "cuda":
         return "not a CUDA device"
-    if block_size % PAGE_MULTIPLE:
-        return (
-            f"flash attention reads a paged cache in blocks of a multiple of {PAGE_MULTIPLE} "
-            f"tokens, and these are of {block_size} (--block-size {PAGE_MULTIPLE} serves it)"
-        )
     if dtype not in (torch.float16, torch.bfloat16):
         return f"flash attention needs a 16-bit model, not {dtype}"
     if quantized_cache:
         return "a quantized KV cache is read by the reference path"
     if eager:
         return "logit softcapping or attention sinks need the reference path's eager softmax"
+    # Last: the other reasons hold whatever the block size, and are the ones to say.
+    if block_size % PAGE_MULTIPLE:
+        return (
+            f"flash attention reads a paged cache in blocks of a multiple of {PAGE_MULTIPLE} "
+            f"tokens, and these are of {block_size} (--block-size {PAGE_MULTIPLE} serves it)"
+        )
     if _varlen() is None:
         return f"torch {torch.__version__}'s varlen_attn takes no block table"
     return ""

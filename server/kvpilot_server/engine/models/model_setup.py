@@ -9,7 +9,7 @@ from types import ModuleType
 
 import torch
 
-from kvpilot_common import precision
+from kvpilot_common import batch_limits, precision
 from kvpilot_common.errors import ConfigError
 from kvpilot_common.memory_model import kv_cache_budget
 from kvpilot_common.step_memory import step_workspace_bytes
@@ -164,6 +164,22 @@ def describe_device(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     name = torch.cuda.get_device_name(device)
     return f"{device} ({name}, compute capability {major}.{minor}, {total / 2**30:.0f} GiB)"
+
+
+def device_limits(
+    device: torch.device, dtype: str, kv_cache_dtype: str
+) -> batch_limits.BatchLimits:
+    """The batch limits and block size for settings that name none, from the device
+    (kvpilot_common.batch_limits says why), `dtype` resolved for it."""
+    if device.type != "cuda":
+        return batch_limits.defaults(gpu=False)
+    return batch_limits.defaults(
+        gpu=True,
+        memory=torch.cuda.get_device_properties(device).total_memory,
+        name=torch.cuda.get_device_name(device),
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+    )
 
 
 def dtype_name(name: str, device: torch.device) -> str:

@@ -34,6 +34,7 @@ from kvpilot_server.engine.models.model_setup import (
     count_blocks,
     cpu_kernel,
     describe_device,
+    device_limits,
     dtype_name,
     resolve_device,
     resolve_dtype,
@@ -93,6 +94,15 @@ class LLMEngine:
         if str(self.dtype) != f"torch.{meaning}":  # bfloat16 on CPU: layers/half_matrices.py
             meaning += " matrices; float32 activations and KV cache"
         log.info("dtype %s: %s", config.dtype, meaning)
+        limits = config.settle_limits(
+            device_limits(self.device, self.dtype_name, config.kv_cache_dtype)
+        )
+        log.info(
+            "batch limits: %d sequences, %d tokens a step; KV cache blocks of %d tokens",
+            limits.max_num_seqs,
+            limits.max_num_batched_tokens,
+            limits.block_size,
+        )
         path = self.model_path = resolve_model(config.model)
         size = tensor_parallel_size(config, self.device)
         # Checked before any worker starts: a size that cannot split the model is a config error.

@@ -3,6 +3,7 @@ weights, shares of the running sequences, forgetting idle tenants."""
 
 from collections.abc import Mapping
 
+from kvpilot_common import batch_limits
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.runtime import fairness
 from kvpilot_server.engine.runtime.block_pool import BlockPool
@@ -14,7 +15,9 @@ A, B, C = Tenant("a"), Tenant("b"), Tenant("c")
 
 
 def _scheduler(**cfg) -> Scheduler:
-    return Scheduler(EngineConfig(block_size=4, **cfg), BlockPool(256, 4, False))
+    config = EngineConfig(block_size=4, **cfg)
+    config.settle_limits(batch_limits.CPU)  # as the engine does once it knows the device
+    return Scheduler(config, BlockPool(256, 4, False))
 
 
 def _seq(tenant: Tenant, n: int = 8, priority=Priority.INTERACTIVE) -> Sequence:
@@ -156,7 +159,7 @@ def test_no_slot_is_taken_for_an_adapter_that_could_not_run():
         def available(self, adapter_id: int) -> bool:
             return False
 
-    sched = Scheduler(EngineConfig(block_size=4, max_num_seqs=2), BlockPool(256, 4, False))
+    sched = _scheduler(max_num_seqs=2)
     sched.lora = NoSlot()  # type: ignore[assignment] - every slot is pinned by other adapters
     for _ in range(3):
         sched.add(_seq(A))

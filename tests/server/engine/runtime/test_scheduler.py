@@ -5,6 +5,7 @@ from collections.abc import Mapping
 
 import pytest
 
+from kvpilot_common import batch_limits
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.runtime.block_pool import BlockPool
 from kvpilot_server.engine.runtime.scheduler import Scheduler
@@ -14,6 +15,7 @@ from kvpilot_server.sampling_params import SamplingParams
 
 def _scheduler(num_blocks=64, block_size=4, **cfg) -> Scheduler:
     config = EngineConfig(block_size=block_size, **cfg)
+    config.settle_limits(batch_limits.CPU)  # as the engine does once it knows the device
     return Scheduler(config, BlockPool(num_blocks, block_size))
 
 

@@ -5,6 +5,7 @@ from collections.abc import Mapping
 
 import pytest
 
+from kvpilot_common import batch_limits
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.runtime.block_pool import BlockPool
@@ -17,8 +18,9 @@ LENGTH = 200  # not a multiple of BLOCK: each later choice computes the last, pa
 N = 4
 
 
-def _scheduler(prefix_caching: bool = True) -> Scheduler:
-    config = EngineConfig(block_size=4, enable_prefix_caching=prefix_caching)
+def _scheduler(prefix_caching: bool = True, **cfg) -> Scheduler:
+    config = EngineConfig(block_size=4, enable_prefix_caching=prefix_caching, **cfg)
+    config.settle_limits(batch_limits.CPU)  # as the engine does once it knows the device
     return Scheduler(config, BlockPool(64, 4, prefix_caching))
 
 
@@ -48,7 +50,7 @@ def test_twins_wait_for_the_prefill_while_other_prompts_pass_them():
 
 
 def test_twins_wait_through_a_chunked_prefill():
-    sched = Scheduler(EngineConfig(block_size=4, max_num_batched_tokens=6), BlockPool(64, 4))
+    sched = _scheduler(max_num_batched_tokens=6)
     first, twin = _seq(range(15)), _seq(range(15))
     sched.add(first)
     sched.add(twin)

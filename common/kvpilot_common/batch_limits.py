@@ -1,0 +1,83 @@
+"""Batch limits and KV block size where a deployment names none, chosen from the device: one rule
+for the engine at start, `kvpilot plan` and the operator's fit check, so a plan sizes the same
+step workspace and cache that the pod will.
+
+- CPU: 64 sequences, 2048 tokens a step, blocks of 16 tokens. A few cores' decode step reads
+  every weight once, whatever its rows, until the products turn compute-bound at a few dozen
+  rows: more sequences than that add latency to each without adding throughput, and a larger
+  step stalls every running stream behind one long prefill chunk.
+- GPU: vLLM's two tiers for a step's token budget. A device of LARGE_GPU_BYTES or more takes
+  8192 tokens (H100, H200, MI300X), except an A100, where vLLM measured the larger budget
+  lowering throughput; smaller GPUs 2048. Sequences: 256 on any GPU. A 16-bit decode step's
+  products read each weight once for all its rows, so they stay bound by memory until the rows
+  reach the GPU's ratio of FLOPs to bytes, a few hundred on current GPUs; past that more
+  sequences add latency to each, not throughput, and every sequence allowed costs the step's
+  workspace its sampler rows and a larger CUDA graph (step_memory), memory the KV cache needs.
+- Block size on GPU: FLASH_PAGE tokens where the flash path may read the cache (a 16-bit model,
+  an unquantized cache: engine/layers/flash_attention.py): torch's FlashAttention 2 reads a paged
+  cache only in pages of a multiple of it. Elsewhere 16: prefix caching reuses whole blocks, and
+  the reference path gathers whole blocks, so small blocks share more and pad less.
+
+Standard library only: the operator imports it.
+"""
+
+from dataclasses import dataclass
+
+GiB = 1 << 30
+LARGE_GPU_BYTES = 70 * GiB
+# torch's flash kernel (FlashAttention 2) refuses a block table over pages of other sizes.
+FLASH_PAGE = 256
+SMALL_BLOCK = 16
+FLASH_DTYPES = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+
+
+CPU = BatchLimits(max_num_seqs=64, max_num_batched_tokens=2048, block_size=SMALL_BLOCK)
+GPU_SEQS, GPU_TOKENS, LARGE_GPU_TOKENS = 256, 2048, 8192
+
+
+def defaults(
+    *,
+    gpu: bool,
+    memory: int | None = None,
+    name: str = "",
+    dtype: str = "bfloat16",
+    kv_cache_dtype: str = "auto",
+) -> BatchLimits:
+    """The limits for one device: `memory` its bytes (None: not known, the smaller tier), `name`
+    its model as the driver or the deployment names it, `dtype` the model dtype resolved for the
+    device, `kv_cache_dtype` the cache's (auto: the model's)."""
+    if not gpu:
+        return CPU
+    large = memory is not None and memory >= LARGE_GPU_BYTES and "a100" not in name.lower()
+    flash = dtype in FLASH_DTYPES and kv_cache_dtype == "auto"
+    return BatchLimits(
+        max_num_seqs=GPU_SEQS,
+        max_num_batched_tokens=LARGE_GPU_TOKENS if large else GPU_TOKENS,
+        block_size=FLASH_PAGE if flash else SMALL_BLOCK,
+    )
+
+
+def settle(
+    chosen: BatchLimits,
+    *,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    block_size: int | None,
+) -> BatchLimits:
+    """What was asked for, each unset limit taken from `chosen` (defaults(...) for the device)."""
+    return BatchLimits(
+        max_num_seqs=chosen.max_num_seqs if max_num_seqs is None else max_num_seqs,
+        max_num_batched_tokens=(
+            chosen.max_num_batched_tokens
+            if max_num_batched_tokens is None
+            else max_num_batched_tokens
+        ),
+        block_size=chosen.block_size if block_size is None else block_size,
+    )

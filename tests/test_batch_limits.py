@@ -1,0 +1,159 @@
+"""kvpilot_common.batch_limits is the one rule for the batch limits and block size a deployment
+leaves unset: the engine applies it to the device it finds, `kvpilot plan` and the operator's fit
+check to the GPU a spec names, and the pod's flags pass only what the spec sets, so the engine's
+choice and the fit check's cannot differ."""
+
+import argparse
+import contextlib
+import io
+import json
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from kvpilot_common import batch_limits
+from kvpilot_common.batch_limits import BatchLimits
+from kvpilot_common.catalogue import KNOWN_MODELS
+from kvpilot_common.memory_model import GPU_MEMORY_MIB, MiB
+from kvpilot_operator import crd
+from kvpilot_operator.engine_flags import engine_args
+from kvpilot_operator.memory_plan import device_memory_bytes, limits, replica_plan
+from kvpilot_operator.spec import Spec
+from kvpilot_server.config import EngineConfig
+from kvpilot_server.engine.layers import flash_attention
+from kvpilot_server.engine.models import model_setup
+from kvpilot_server.plan import add_plan_args, run_plan
+
+ROOT = Path(__file__).parents[1]
+GiB = 1 << 30
+LLAMA_8B = "hf://meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "memory", "name", "dtype", "kv", "expected"),
+    [
+        (False, None, "", "float32", "auto", (64, 2048, 16)),
+        (False, 512 * GiB, "", "bfloat16", "auto", (64, 2048, 16)),  # a CPU's memory: no tier
+        (True, 141 * GiB, "NVIDIA H200", "bfloat16", "auto", (256, 8192, 256)),
+        (True, 80 * GiB, "NVIDIA H100 80GB HBM3", "float16", "auto", (256, 8192, 256)),
+        (True, 80 * GiB, "NVIDIA A100-SXM4-80GB", "bfloat16", "auto", (256, 2048, 256)),
+        (True, 22 * GiB, "NVIDIA L4", "bfloat16", "auto", (256, 2048, 256)),
+        (True, None, "", "bfloat16", "auto", (256, 2048, 256)),  # memory unknown: smaller tier
+        # The flash path cannot read these caches: small blocks share more prefixes.
+        (True, 141 * GiB, "NVIDIA H200", "float32", "auto", (256, 8192, 16)),
+        (True, 141 * GiB, "NVIDIA H200", "bfloat16", "int8", (256, 8192, 16)),
+        (True, 141 * GiB, "NVIDIA H200", "bfloat16", "fp8", (256, 8192, 16)),
+    ],
+)
+def test_the_limits_follow_the_device(gpu, memory, name, dtype, kv, expected):
+    chosen = batch_limits.defaults(
+        gpu=gpu, memory=memory, name=name, dtype=dtype, kv_cache_dtype=kv
+    )
+    assert chosen == BatchLimits(*expected)
+
+
+def test_a_gpus_default_block_size_is_one_the_flash_path_reads():
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    block = batch_limits.defaults(gpu=True, memory=80 * GiB, dtype="bfloat16").block_size
+    reason = flash_attention.unusable(cuda, bf16, False, False, block)
+    assert "block" not in reason  # only this torch's varlen_attn may still keep it off
+    # A block size given that the flash path cannot read says so, and how to mend it.
+    assert "--block-size 256" in flash_attention.unusable(cuda, bf16, False, False, 16)
+
+
+def test_what_is_given_is_kept_and_only_the_rest_chosen():
+    config = EngineConfig(max_num_seqs=3, block_size=32)
+    chosen = batch_limits.defaults(gpu=True, memory=141 * GiB, dtype="bfloat16")
+    assert config.settle_limits(chosen) == BatchLimits(3, 8192, 32)
+    assert (config.max_num_seqs, config.max_num_batched_tokens, config.block_size) == (3, 8192, 32)
+
+
+def test_the_engine_reads_the_gpu_it_finds(monkeypatch):
+    # No GPU here: the driver's answers are stood in, as torch gives them on an A100 and an H200.
+    def gpu(name: str, mib: int) -> None:
+        props = types.SimpleNamespace(total_memory=mib * MiB)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: name)
+
+    cuda = torch.device("cuda")
+    gpu("NVIDIA H200", GPU_MEMORY_MIB["H200"])
+    assert model_setup.device_limits(cuda, "bfloat16", "auto") == BatchLimits(256, 8192, 256)
+    assert model_setup.device_limits(cuda, "bfloat16", "int8") == BatchLimits(256, 8192, 16)
+    gpu("NVIDIA A100-SXM4-80GB", GPU_MEMORY_MIB["A100-80GB"])
+    assert model_setup.device_limits(cuda, "bfloat16", "auto") == BatchLimits(256, 2048, 256)
+    cpu = torch.device("cpu")
+    assert model_setup.device_limits(cpu, "float32", "auto") == batch_limits.CPU
+
+
+def _spec(gpu_type: str | None, **engine) -> Spec:
+    body = {
+        "apiVersion": "kvpilot.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "m"},
+        "spec": {
+            "model": {"source": LLAMA_8B},
+            "engine": {"maxModelLen": 8192, **engine},
+            "resources": {"gpus": 1, **({"gpuType": gpu_type} if gpu_type else {})},
+        },
+    }
+    return Spec.from_defaulted(crd.with_defaults(body))
+
+
+def _plan(*args: str) -> dict:
+    parser = argparse.ArgumentParser()
+    add_plan_args(parser)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        run_plan(
+            parser.parse_args(["--json", "--model", LLAMA_8B, "--max-model-len", "8192", *args])
+        )
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize("gpu_type", ["H200", "A100-80GB", "L4"])
+def test_plan_and_the_fit_check_size_a_gpu_as_its_engine_will(gpu_type):
+    spec = _spec(gpu_type)
+    memory = device_memory_bytes(spec)
+    assert memory == GPU_MEMORY_MIB[gpu_type] * MiB
+    step = limits(spec, memory)
+    engine = batch_limits.defaults(gpu=True, memory=memory, name=f"NVIDIA {gpu_type}")
+    assert step == engine  # the fit check's choice is the engine's on that GPU
+    plan = _plan("--gpu-type", gpu_type)
+    assert (plan["max_num_seqs"], plan["max_num_batched_tokens"]) == (
+        step.max_num_seqs,
+        step.max_num_batched_tokens,
+    )
+    assert plan["kv_cache_tokens"] == replica_plan(spec, KNOWN_MODELS[LLAMA_8B], memory).kv_tokens
+    # The larger token budget costs the cache what its activations take.
+    if gpu_type == "H200":
+        small = _plan("--gpu-type", gpu_type, "--max-num-batched-tokens", "2048")
+        assert small["step_workspace_mib"] > 0
+        assert plan["step_workspace_mib"] > small["step_workspace_mib"]
+        assert plan["kv_cache_tokens"] < small["kv_cache_tokens"]
+
+
+def test_a_pod_is_given_only_the_limits_its_spec_sets():
+    unset = engine_args(_spec("H200"), "m")
+    flags = ("--block-size", "--max-num-seqs", "--max-num-batched-tokens")
+    assert not [arg for arg in unset if arg.startswith(flags)]  # the engine chooses from its GPU
+    given = engine_args(_spec("H200", blockSize=16, maxNumSeqs=8, maxNumBatchedTokens=4096), "m")
+    assert {"--block-size=16", "--max-num-seqs=8", "--max-num-batched-tokens=4096"} <= set(given)
+    # And the fit check sizes what the spec sets.
+    spec = _spec("H200", maxNumSeqs=8, maxNumBatchedTokens=4096)
+    assert limits(spec, device_memory_bytes(spec)) == BatchLimits(8, 4096, 256)
+
+
+def test_the_crd_leaves_the_limits_to_the_device():
+    files = [ROOT / "crds" / "modeldeployments.kvpilot.dev.yaml"]
+    files.append(ROOT / "charts" / "kvpilot" / "crd" / "modeldeployments.kvpilot.dev.yaml")
+    for path in files:
+        version = yaml.safe_load(path.read_text())["spec"]["versions"][0]
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        engine = spec["properties"]["engine"]["properties"]
+        for field in ("blockSize", "maxNumSeqs", "maxNumBatchedTokens"):
+            assert "default" not in engine[field], (path, field)
+        assert batch_limits.FLASH_PAGE in engine["blockSize"]["enum"]
+        assert batch_limits.SMALL_BLOCK in engine["blockSize"]["enum"]
