@@ -50,7 +50,8 @@ def test_the_view_holds_what_crd_defaulted_filled_in(sample):
     md = crd.defaulted(yaml.safe_load(sample.read_text()))
     spec = Spec.from_defaulted(md)
     raw = md["spec"]
-    assert spec.engine.block_size == raw["engine"]["blockSize"]
+    assert spec.engine.kv_cache_memory_percent == raw["engine"]["kvCacheMemoryPercent"]
+    assert spec.engine.block_size == raw["engine"].get("blockSize")  # unset: the device's
     assert spec.resources.shm_mib == raw["resources"]["shmMiB"]
     assert (
         spec.autoscaling.scale_down.stabilization_seconds
@@ -66,6 +67,7 @@ def test_absent_optional_fields_are_none_and_the_derived_values():
     body = crd.with_defaults({"metadata": {"name": "m"}, "spec": {"model": {"source": "x"}}})
     spec = Spec.from_defaulted(body)
     assert spec.engine.max_model_len is None and spec.api_key_secret_ref is None
+    assert spec.engine.max_num_seqs is None and spec.engine.block_size is None
     assert spec.image is None and spec.scheduling.tolerations == ()
     assert spec.tensor_parallel_size == 1  # the CRD's default of one GPU
     body["spec"]["resources"]["gpus"] = 0

@@ -81,7 +81,24 @@ def unusable(
     return ""
 
 
-def batch_of(entries: list[tuple[int, int, list[int]]], device: torch.device) -> FlashBatch:
+@dataclass
+class FlashNumbers:
+    """A FlashBatch's numbers on the host, before they are sent (runtime/staging.py)."""
+
+    cu_seq_q: list[int]
+    cu_seq_k: list[int]
+    seqused_k: list[int]
+    block_table: list[int]  # rows of `pages` entries, one after another
+    pages: int
+    max_q: int
+    max_k: int
+
+    @property
+    def parts(self) -> list[list[int]]:
+        return [self.cu_seq_q, self.cu_seq_k, self.seqused_k, self.block_table]
+
+
+def numbers_of(entries: list[tuple[int, int, list[int]]]) -> FlashNumbers:
     """(tokens cached before the step, tokens in the step, block table) per sequence."""
     pages = max(len(table) for _, _, table in entries)
     queries = [n for _, n, _ in entries]
@@ -92,16 +109,22 @@ def batch_of(entries: list[tuple[int, int, list[int]]], device: torch.device) ->
     cu_k = [0]
     for length in lengths:
         cu_k.append(cu_k[-1] + length)
-    tables = [table + [0] * (pages - len(table)) for _, _, table in entries]
-    as_int = dict(dtype=torch.int32, device=device)
+    tables = [b for _, _, table in entries for b in table + [0] * (pages - len(table))]
+    return FlashNumbers(cu, cu_k, lengths, tables, pages, max(queries), max(lengths))
+
+
+def batch_from(numbers: FlashNumbers, sent: list[torch.Tensor]) -> FlashBatch:
+    """The batch from its parts sent to the device (integer tensors, in `parts` order)."""
+    cu, cu_k, lengths, tables = (t.to(torch.int32) for t in sent)
     return FlashBatch(
-        torch.tensor(cu, **as_int),
-        torch.tensor(cu_k, **as_int),
-        torch.tensor(lengths, **as_int),
-        torch.tensor(tables, **as_int),
-        max(queries),
-        max(lengths),
+        cu, cu_k, lengths, tables.view(-1, numbers.pages), numbers.max_q, numbers.max_k
     )
+
+
+def batch_of(entries: list[tuple[int, int, list[int]]], device: torch.device) -> FlashBatch:
+    """The batch of `entries` (see numbers_of), each part sent on its own."""
+    numbers = numbers_of(entries)
+    return batch_from(numbers, [torch.tensor(part, device=device) for part in numbers.parts])
 
 
 def attend(

@@ -31,6 +31,7 @@ from kvpilot_server.engine.runtime import flash_check
 from kvpilot_server.engine.runtime.cuda_graphs import DecodeGraphs
 from kvpilot_server.engine.runtime.scheduler_output import ScheduledSeq, SchedulerOutput, StepPlan
 from kvpilot_server.engine.runtime.sequence import Sequence
+from kvpilot_server.engine.runtime.staging import Staging
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class ModelRunner:
         self.quantized = quantized = kv_cache[0].k_scale is not None
         refused = flash_attention.unusable(self.device, dtype, quantized, eager, block_size)
         self.flash = not refused
+        self.staging = Staging(self.device)
+        if self.device.type == "cuda":
+            self.staging.works()
         if self.flash:
             refused = flash_attention.self_test(lambda: flash_check.both_attentions(self))
             self.flash = not refused
@@ -173,22 +177,24 @@ class ModelRunner:
         (runtime/cuda_graphs.py), unless `eager`."""
         if self.graphs is not None and logits and not eager and self.graphs.serves(plan):
             return self.graphs.run(plan)
-        pos = torch.tensor(plan.positions, device=self.device)
-        slots = torch.tensor(plan.slots, device=self.device)
+        parts = [plan.ids, plan.positions, plan.slots, plan.rows if logits else []]
+        if self.flash:
+            numbers = flash_attention.numbers_of(_entries(plan.seqs))
+            parts += numbers.parts
+        ids, pos, slots, rows, *flash_parts = self.staging.send(parts)  # one copy to the device
         if self.flash:  # one batch serves every window: the window is the call's argument
-            flash = self._flash_batch(plan.seqs)
+            flash = flash_attention.batch_from(numbers, flash_parts)
             metas = {w: AttentionMetadata(slots, window=w, flash=flash) for w in self.windows}
         else:
             metas = {w: self._metadata(plan.seqs, slots, w) for w in self.windows}
-        rows = torch.tensor(plan.rows, device=self.device, dtype=torch.long) if logits else None
         self._set_lora(plan)
         return self.model(
-            torch.tensor(plan.ids, device=self.device),
+            ids,
             self.cos[pos].unsqueeze(1),
             self.sin[pos].unsqueeze(1),
             self.kv_cache,
             metas,
-            rows,
+            rows if logits else None,
         )
 
     def _set_lora(self, plan: StepPlan) -> None:
@@ -247,8 +253,7 @@ class ModelRunner:
         return meta
 
     def _flash_batch(self, ordered: list[ScheduledSeq]) -> flash_attention.FlashBatch:
-        entries = [(seq.computed, seq.n, seq.block_table) for seq in ordered]
-        return flash_attention.batch_of(entries, self.device)
+        return flash_attention.batch_of(_entries(ordered), self.device)
 
     def _decode_group(
         self, start: int, seqs: list[ScheduledSeq], window: int | None
@@ -274,6 +279,10 @@ class ModelRunner:
             mask=mask,
             context_lens=context.to(self.device),
         )
+
+
+def _entries(ordered: list[ScheduledSeq]) -> list[tuple[int, int, list[int]]]:
+    return [(seq.computed, seq.n, seq.block_table) for seq in ordered]
 
 
 def _scheduled(seq: Sequence, n: int, drafted: bool) -> list[ScheduledSeq]:
