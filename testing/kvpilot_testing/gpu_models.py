@@ -15,7 +15,6 @@ from unittest import mock
 import torch
 
 from kvpilot_server import LLM, SamplingParams
-from kvpilot_server.engine.layers.flash_attention import PAGE_MULTIPLE
 from kvpilot_testing.hf_reference import hf_greedy_of
 
 TOKENIZER_FILES = (
@@ -50,10 +49,10 @@ def engine(path: Path, device: torch.device, **settings) -> LLM:
     """An engine with a small KV cache, so a Hugging Face model fits beside it."""
     cuda = device.type == "cuda"
     room = {"kv_cache_memory_fraction": 0.2} if cuda else {"kv_cache_bytes": 256 << 20}
-    # Pages the flash path reads (layers/flash_attention.py), so that it and the CUDA graphs
-    # on top of it are what the stages measure.
-    blocks = {"block_size": PAGE_MULTIPLE} if cuda else {}
-    return LLM(str(path), device=str(device), **room, **{**blocks, **settings})
+    # Block size and batch limits are the engine's own for the device (kvpilot_common.
+    # batch_limits): a 16-bit model gets the pages the flash path reads, so that it and the
+    # CUDA graphs on top of it are what the stages measure, as a user's server would run.
+    return LLM(str(path), device=str(device), **room, **settings)
 
 
 def attention_path(llm: LLM) -> str:

@@ -160,10 +160,8 @@ def throughput(device: torch.device, path: Path, counts: tuple[int, ...], new: i
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     report: dict = {}
     ok = True
-    # A GPU's batch, not the engine's CPU-sized defaults (64 sequences, 2048 tokens a step).
-    limits = {"max_num_seqs": 256, "max_num_batched_tokens": 8192} if device.type == "cuda" else {}
     for count in counts:
-        llm = engine(path, device, dtype=dtype, **limits)
+        llm = engine(path, device, dtype=dtype)  # the device's own batch limits
         vocab = min(len(llm.tokenizer), 49152)
         prompts = _prompts(count, 64, vocab, seed=count)
         params = SamplingParams(max_tokens=new, **GREEDY)
@@ -182,6 +180,11 @@ def throughput(device: torch.device, path: Path, counts: tuple[int, ...], new: i
             rule = workspace(llm.engine.config, llm.engine.model.cfg, llm.engine.dtype)
             memory = {"step_peak_mib": peak >> 20, "workspace_rule_mib": rule >> 20}
             ok &= peak <= rule
+        config = llm.engine.config
+        # What the engine chose for this device (kvpilot_common.batch_limits), and whether the
+        # step inputs went in one copy (runtime/staging.py passed its start-up check).
+        memory["limits"] = [config.max_num_seqs, config.max_num_batched_tokens, config.block_size]
+        memory["packed_inputs"] = llm.engine.runner.staging.packed
         release(llm)
         hf = (
             AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
