@@ -3,6 +3,7 @@
 import argparse
 import dataclasses
 
+from kvpilot_common import batch_limits as limits
 from kvpilot_common import precision
 from kvpilot_server.config import EngineConfig
 
@@ -14,13 +15,17 @@ _HELP = {
     "bfloat16 (on CPU: bfloat16 matrices, float32 between them; fast with AMX or AVX-512 BF16) "
     "or float16",
     "device": "auto, cpu or cuda[:N]",
-    "block_size": "tokens per KV cache block",
+    "block_size": f"tokens per KV cache block (default: {limits.SMALL_BLOCK}; on a GPU "
+    f"{limits.FLASH_PAGE}, the flash path's pages, for a 16-bit model with an unquantized cache)",
     "kv_cache_bytes": "KV cache size on CPU per tensor-parallel rank: bytes, or with a unit "
     "(512MiB, 4GiB)",
     "kv_cache_memory_fraction": "fraction of free GPU memory for the KV cache on CUDA",
     "max_model_len": "context length limit (default: the model's own)",
-    "max_num_seqs": "most sequences in one step",
-    "max_num_batched_tokens": "most tokens in one step (longer prompts are prefilled in chunks)",
+    "max_num_seqs": f"most sequences in one step (default: {limits.CPU.max_num_seqs} on CPU, "
+    f"{limits.GPU_SEQS} on a GPU)",
+    "max_num_batched_tokens": "most tokens in one step, longer prompts prefilled in chunks "
+    f"(default: {limits.GPU_TOKENS}; {limits.LARGE_GPU_TOKENS} on a GPU of "
+    f"{limits.LARGE_GPU_BYTES >> 30} GiB or more other than an A100)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
     "enforce_eager": "CUDA: run every step eagerly instead of replaying decode steps from CUDA "
     "graphs captured per batch size",
