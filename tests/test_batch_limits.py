@@ -5,6 +5,7 @@ choice and the fit check's cannot differ."""
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import types
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from transformers import LlamaConfig
 
 from kvpilot_common import batch_limits
 from kvpilot_common.batch_limits import BatchLimits
@@ -25,6 +27,7 @@ from kvpilot_operator.spec import Spec
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.layers import flash_attention
 from kvpilot_server.engine.models import model_setup
+from kvpilot_server.engine.models.model_config import ModelConfig
 from kvpilot_server.plan import add_plan_args, run_plan
 
 ROOT = Path(__file__).parents[1]
@@ -33,31 +36,42 @@ LLAMA_8B = "hf://meta-llama/Llama-3.1-8B-Instruct"
 
 
 @pytest.mark.parametrize(
-    ("gpu", "memory", "name", "dtype", "kv", "expected"),
+    ("gpu", "memory", "name", "flash", "expected"),
     [
-        (False, None, "", "float32", "auto", (64, 2048, 16)),
-        (False, 512 * GiB, "", "bfloat16", "auto", (64, 2048, 16)),  # a CPU's memory: no tier
-        (True, 141 * GiB, "NVIDIA H200", "bfloat16", "auto", (256, 8192, 256)),
-        (True, 80 * GiB, "NVIDIA H100 80GB HBM3", "float16", "auto", (256, 8192, 256)),
-        (True, 80 * GiB, "NVIDIA A100-SXM4-80GB", "bfloat16", "auto", (256, 2048, 256)),
-        (True, 22 * GiB, "NVIDIA L4", "bfloat16", "auto", (256, 2048, 256)),
-        (True, None, "", "bfloat16", "auto", (256, 2048, 256)),  # memory unknown: smaller tier
-        # The flash path cannot read these caches: small blocks share more prefixes.
-        (True, 141 * GiB, "NVIDIA H200", "float32", "auto", (256, 8192, 16)),
-        (True, 141 * GiB, "NVIDIA H200", "bfloat16", "int8", (256, 8192, 16)),
-        (True, 141 * GiB, "NVIDIA H200", "bfloat16", "fp8", (256, 8192, 16)),
+        (False, None, "", False, (64, 2048, 16)),
+        (False, 512 * GiB, "", True, (64, 2048, 16)),  # a CPU's memory: no tier, no flash
+        (True, 141 * GiB, "NVIDIA H200", True, (256, 8192, 256)),
+        (True, 80 * GiB, "NVIDIA H100 80GB HBM3", True, (256, 8192, 256)),
+        (True, 80 * GiB, "NVIDIA A100-SXM4-80GB", True, (256, 2048, 256)),
+        (True, 22 * GiB, "NVIDIA L4", True, (256, 2048, 256)),
+        (True, None, "", True, (256, 2048, 256)),  # memory unknown: the smaller tier
+        # The flash path cannot read the cache: small blocks share more prefixes, pad less.
+        (True, 141 * GiB, "NVIDIA H200", False, (256, 8192, 16)),
     ],
 )
-def test_the_limits_follow_the_device(gpu, memory, name, dtype, kv, expected):
-    chosen = batch_limits.defaults(
-        gpu=gpu, memory=memory, name=name, dtype=dtype, kv_cache_dtype=kv
-    )
+def test_the_limits_follow_the_device(gpu, memory, name, flash, expected):
+    chosen = batch_limits.defaults(gpu=gpu, memory=memory, name=name, flash=flash)
     assert chosen == BatchLimits(*expected)
 
 
-def test_a_gpus_default_block_size_is_one_the_flash_path_reads():
+@pytest.mark.parametrize(
+    ("dtype", "kv", "expected"),
+    [
+        ("bfloat16", "auto", True),
+        ("float16", "auto", True),
+        ("float32", "auto", False),
+        ("bfloat16", "int8", False),
+        ("bfloat16", "fp8", False),
+    ],
+)
+def test_what_settings_show_of_the_flash_path(dtype, kv, expected):
+    assert batch_limits.flash_may_read(dtype, kv) is expected
+
+
+def test_a_gpus_flash_block_size_is_one_the_flash_path_reads(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     cuda, bf16 = torch.device("cuda"), torch.bfloat16
-    block = batch_limits.defaults(gpu=True, memory=80 * GiB, dtype="bfloat16").block_size
+    block = batch_limits.defaults(gpu=True, memory=80 * GiB, flash=True).block_size
     reason = flash_attention.unusable(cuda, bf16, False, False, block)
     assert "block" not in reason  # only this torch's varlen_attn may still keep it off
     # A block size given that the flash path cannot read says so, and how to mend it.
@@ -66,26 +80,49 @@ def test_a_gpus_default_block_size_is_one_the_flash_path_reads():
 
 def test_what_is_given_is_kept_and_only_the_rest_chosen():
     config = EngineConfig(max_num_seqs=3, block_size=32)
-    chosen = batch_limits.defaults(gpu=True, memory=141 * GiB, dtype="bfloat16")
+    chosen = batch_limits.defaults(gpu=True, memory=141 * GiB, flash=True)
     assert config.settle_limits(chosen) == BatchLimits(3, 8192, 32)
     assert (config.max_num_seqs, config.max_num_batched_tokens, config.block_size) == (3, 8192, 32)
 
 
-def test_the_engine_reads_the_gpu_it_finds(monkeypatch):
-    # No GPU here: the driver's answers are stood in, as torch gives them on an A100 and an H200.
-    def gpu(name: str, mib: int) -> None:
+def _model_config(**hf) -> ModelConfig:
+    shape = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
+    return ModelConfig.from_hf(LlamaConfig(**shape, architectures=["LlamaForCausalLM"], **hf))
+
+
+def test_the_engine_reads_the_gpu_and_the_model_it_has(monkeypatch):
+    # No GPU here: the driver's answers are stood in, as torch gives them on each GPU.
+    def gpu(name: str, mib: int, capability: tuple[int, int] = (9, 0)) -> None:
         props = types.SimpleNamespace(total_memory=mib * MiB)
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: name)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
 
-    cuda = torch.device("cuda")
+    monkeypatch.setattr(flash_attention, "_varlen", lambda: object())  # a torch that has it
+    cuda, bf16, llama = torch.device("cuda"), torch.bfloat16, _model_config()
     gpu("NVIDIA H200", GPU_MEMORY_MIB["H200"])
-    assert model_setup.device_limits(cuda, "bfloat16", "auto") == BatchLimits(256, 8192, 256)
-    assert model_setup.device_limits(cuda, "bfloat16", "int8") == BatchLimits(256, 8192, 16)
-    gpu("NVIDIA A100-SXM4-80GB", GPU_MEMORY_MIB["A100-80GB"])
-    assert model_setup.device_limits(cuda, "bfloat16", "auto") == BatchLimits(256, 2048, 256)
+    assert model_setup.device_limits(cuda, bf16, llama, "auto") == BatchLimits(256, 8192, 256)
+    # What keeps the flash path off keeps the small blocks: a quantized cache, a float32 model,
+    # attention the flash kernel lacks (gpt-oss's sinks), an older GPU, a torch without it.
+    assert model_setup.device_limits(cuda, bf16, llama, "int8") == BatchLimits(256, 8192, 16)
+    assert model_setup.device_limits(cuda, torch.float32, llama, "auto").block_size == 16
+    sinks = dataclasses.replace(llama, attention_sinks=True)
+    assert model_setup.device_limits(cuda, bf16, sinks, "auto").block_size == 16
+    gpu("Tesla T4", GPU_MEMORY_MIB["T4"], capability=(7, 5))
+    assert model_setup.device_limits(cuda, bf16, llama, "auto") == BatchLimits(256, 2048, 16)
+    gpu("NVIDIA A100-SXM4-80GB", GPU_MEMORY_MIB["A100-80GB"], capability=(8, 0))
+    assert model_setup.device_limits(cuda, bf16, llama, "auto") == BatchLimits(256, 2048, 256)
+    monkeypatch.setattr(flash_attention, "_varlen", lambda: None)
+    assert model_setup.device_limits(cuda, bf16, llama, "auto").block_size == 16
     cpu = torch.device("cpu")
-    assert model_setup.device_limits(cpu, "float32", "auto") == batch_limits.CPU
+    assert model_setup.device_limits(cpu, torch.float32, llama, "auto") == batch_limits.CPU
 
 
 def _spec(gpu_type: str | None, **engine) -> Spec:
@@ -119,7 +156,7 @@ def test_plan_and_the_fit_check_size_a_gpu_as_its_engine_will(gpu_type):
     memory = device_memory_bytes(spec)
     assert memory == GPU_MEMORY_MIB[gpu_type] * MiB
     step = limits(spec, memory)
-    engine = batch_limits.defaults(gpu=True, memory=memory, name=f"NVIDIA {gpu_type}")
+    engine = batch_limits.defaults(gpu=True, memory=memory, name=f"NVIDIA {gpu_type}", flash=True)
     assert step == engine  # the fit check's choice is the engine's on that GPU
     plan = _plan("--gpu-type", gpu_type)
     assert (plan["max_num_seqs"], plan["max_num_batched_tokens"]) == (

@@ -13,10 +13,13 @@ step workspace and cache that the pod will.
   reach the GPU's ratio of FLOPs to bytes, a few hundred on current GPUs; past that more
   sequences add latency to each, not throughput, and every sequence allowed costs the step's
   workspace its sampler rows and a larger CUDA graph (step_memory), memory the KV cache needs.
-- Block size on GPU: FLASH_PAGE tokens where the flash path may read the cache (a 16-bit model,
-  an unquantized cache: engine/layers/flash_attention.py): torch's FlashAttention 2 reads a paged
-  cache only in pages of a multiple of it. Elsewhere 16: prefix caching reuses whole blocks, and
-  the reference path gathers whole blocks, so small blocks share more and pad less.
+- Block size on GPU: FLASH_PAGE tokens where the flash path may read the cache
+  (engine/layers/flash_attention.py): torch's FlashAttention 2 reads a paged cache only in
+  pages of a multiple of it. Elsewhere 16: prefix caching reuses whole blocks and the reference
+  path gathers and pads whole blocks, so small blocks share more and pad less. The engine
+  knows everything that decides the flash path (the model's attention, the GPU's generation,
+  torch's kernel); a plan and the fit check know what a spec shows (`flash_may_read`), and
+  count no block sizes.
 
 Standard library only: the operator imports it.
 """
@@ -43,25 +46,25 @@ GPU_SEQS, GPU_TOKENS, LARGE_GPU_TOKENS = 256, 2048, 8192
 
 
 def defaults(
-    *,
-    gpu: bool,
-    memory: int | None = None,
-    name: str = "",
-    dtype: str = "bfloat16",
-    kv_cache_dtype: str = "auto",
+    *, gpu: bool, memory: int | None = None, name: str = "", flash: bool = False
 ) -> BatchLimits:
     """The limits for one device: `memory` its bytes (None: not known, the smaller tier), `name`
-    its model as the driver or the deployment names it, `dtype` the model dtype resolved for the
-    device, `kv_cache_dtype` the cache's (auto: the model's)."""
+    its model as the driver or the deployment names it, `flash` whether the flash path may read
+    the cache there."""
     if not gpu:
         return CPU
     large = memory is not None and memory >= LARGE_GPU_BYTES and "a100" not in name.lower()
-    flash = dtype in FLASH_DTYPES and kv_cache_dtype == "auto"
     return BatchLimits(
         max_num_seqs=GPU_SEQS,
         max_num_batched_tokens=LARGE_GPU_TOKENS if large else GPU_TOKENS,
         block_size=FLASH_PAGE if flash else SMALL_BLOCK,
     )
+
+
+def flash_may_read(dtype: str, kv_cache_dtype: str) -> bool:
+    """What settings show of whether the flash path may read the cache: a 16-bit model (its
+    dtype resolved for the device) and a cache of that dtype (kv_cache_dtype auto)."""
+    return dtype in FLASH_DTYPES and kv_cache_dtype == "auto"
 
 
 def settle(

@@ -78,12 +78,10 @@ def limits(spec: Spec, memory: int | None) -> batch_limits.BatchLimits:
     what it leaves unset the engine's choice for a device of `memory` bytes (None: unknown)."""
     engine, resources = spec.engine, spec.resources
     gpu = resources.gpus > 0
+    dtype = precision.resolve_dtype(DTYPES[engine.dtype].name, gpu)
+    flash = batch_limits.flash_may_read(dtype, KV_CACHE_DTYPES[engine.kv_cache_dtype].name)
     chosen = batch_limits.defaults(
-        gpu=gpu,
-        memory=memory,
-        name=resources.gpu_type or "",
-        dtype=precision.resolve_dtype(DTYPES[engine.dtype].name, gpu),
-        kv_cache_dtype=KV_CACHE_DTYPES[engine.kv_cache_dtype].name,
+        gpu=gpu, memory=memory, name=resources.gpu_type or "", flash=flash
     )
     return batch_limits.settle(
         chosen,

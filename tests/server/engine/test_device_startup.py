@@ -77,10 +77,13 @@ def test_fp8_weights_of_shapes_scaled_mm_refuses_fail_at_start_and_change_nothin
         quant.quantize(_model("cpu"), "fp8", torch.device("cpu"))  # sizes of 16s pass
 
 
-def test_the_flash_path_names_what_keeps_it_off():
+def test_the_flash_path_names_what_keeps_it_off(monkeypatch):
     from kvpilot_server.engine.layers.flash_attention import unusable
 
-    cuda, bf16 = torch.device("cuda"), torch.bfloat16  # a device named, none touched
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16  # a device named; its answers stood in
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 5))  # a T4
+    assert "compute capability 8.0 or newer, not 7.5" in unusable(cuda, bf16, False, False, 256)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     assert "not a CUDA device" in unusable(torch.device("cpu"), bf16, False, False, 256)
     assert "--block-size 256" in unusable(cuda, bf16, False, False, 16)
     assert "16-bit" in unusable(cuda, torch.float32, False, False, 256)

@@ -10,8 +10,9 @@ page_size, kv_heads, head_dim]) with an int32 block table and each sequence's le
 everything cached before it), and has sliding windows (kvpilot's window w: flash's left window
 w - 1, the query's own key included) and grouped-query heads.
 
-It serves where it can: CUDA, a 16-bit model, an unquantized cache, no logit softcap or sinks
-(Gemma 2, gpt-oss keep the reference path), a torch whose varlen_attn takes a block table. And
+It serves where it can: CUDA on an Ampere or newer GPU, a 16-bit model, an unquantized cache,
+no logit softcap or sinks (Gemma 2, gpt-oss keep the reference path), a torch whose varlen_attn
+takes a block table. And
 only once it has agreed with the reference path on the model's own head shape at start
 (`self_test`): code that has never run on this GPU must not be able to take the server down, so
 any disagreement or error is logged and the reference path serves instead.
@@ -33,6 +34,8 @@ AGREEMENT = 0.02
 # torch's flash kernel (FlashAttention 2) refuses a block table over pages of other sizes; the
 # GPU's default block size is this where the flash path may serve (kvpilot_common.batch_limits).
 PAGE_MULTIPLE = batch_limits.FLASH_PAGE
+# Ampere and newer: the GPUs torch's FlashAttention 2 kernels are built for.
+FLASH_MIN_CAPABILITY = (8, 0)
 
 
 @dataclass
@@ -64,6 +67,11 @@ def unusable(
     """Why the flash path cannot serve this model here, or '' when it may (pending self_test)."""
     if device.type != "cuda":
         return "not a CUDA device"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FLASH_MIN_CAPABILITY:
+        return "FlashAttention 2 needs compute capability {}.{} or newer, not {}.{}".format(
+            *FLASH_MIN_CAPABILITY, *capability
+        )
     if dtype not in (torch.float16, torch.bfloat16):
         return f"flash attention needs a 16-bit model, not {dtype}"
     if quantized_cache:

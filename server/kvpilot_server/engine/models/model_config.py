@@ -59,6 +59,12 @@ class ModelConfig:
     # which models/mxfp4.py dequantizes as they are read); None: float tensors.
     checkpoint_quantization: str | None = None
 
+    @property
+    def eager_softmax(self) -> bool:
+        """Whether attention needs its softmax in eager PyTorch: a logit cap (Gemma 2) or sink
+        logits (gpt-oss), which neither the compiled decode kernel nor flash attention has."""
+        return self.attn_logit_softcapping is not None or self.attention_sinks
+
     @classmethod
     def from_hf(cls, hf: PretrainedConfig) -> "ModelConfig":
         arch = precision.architecture_name({"architectures": getattr(hf, "architectures", None)})

@@ -20,7 +20,7 @@ from kvpilot_server.engine.distributed.sharding import (
     row_parallel_linears,
     share_int8_scales,
 )
-from kvpilot_server.engine.layers import half_matrices, kv_cache
+from kvpilot_server.engine.layers import flash_attention, half_matrices, kv_cache
 from kvpilot_server.engine.layers.lm_head_quant import quantize_lm_head
 from kvpilot_server.engine.layers.quant import quantize
 from kvpilot_server.engine.lora import layers as lora_layers
@@ -167,18 +167,21 @@ def describe_device(device: torch.device) -> str:
 
 
 def device_limits(
-    device: torch.device, dtype: str, kv_cache_dtype: str
+    device: torch.device, dtype: torch.dtype, cfg: ModelConfig, kv_cache_dtype: str
 ) -> batch_limits.BatchLimits:
     """The batch limits and block size for settings that name none, from the device
-    (kvpilot_common.batch_limits says why), `dtype` resolved for it."""
+    (kvpilot_common.batch_limits says why): the flash path's pages where it may serve."""
     if device.type != "cuda":
         return batch_limits.defaults(gpu=False)
+    quantized = precision.KV_CACHE_DTYPES[kv_cache_dtype].storage is not None
+    refused = flash_attention.unusable(
+        device, dtype, quantized, cfg.eager_softmax, batch_limits.FLASH_PAGE
+    )
     return batch_limits.defaults(
         gpu=True,
         memory=torch.cuda.get_device_properties(device).total_memory,
         name=torch.cuda.get_device_name(device),
-        dtype=dtype,
-        kv_cache_dtype=kv_cache_dtype,
+        flash=not refused,
     )
 
 

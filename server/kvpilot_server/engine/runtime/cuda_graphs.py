@@ -123,8 +123,8 @@ class DecodeGraphs:
         ):
             target[:batch].copy_(source[:batch], non_blocking=True)
         self.tables[:batch].copy_(self.host_tables[:batch], non_blocking=True)
-        if self.copied is not None:
-            self.copied.record()
+        if self.copied is not None:  # on the stream the copies went to: their device's
+            self.copied.record(torch.cuda.current_stream(self.ids.device))
 
     def _pad(self, start: int, size: int) -> None:
         """Rows [start, size): token 0 at position 0, writing slot i of the scratch block and

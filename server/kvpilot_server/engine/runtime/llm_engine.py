@@ -94,8 +94,13 @@ class LLMEngine:
         if str(self.dtype) != f"torch.{meaning}":  # bfloat16 on CPU: layers/half_matrices.py
             meaning += " matrices; float32 activations and KV cache"
         log.info("dtype %s: %s", config.dtype, meaning)
+        path = self.model_path = resolve_model(config.model)
+        size = tensor_parallel_size(config, self.device)
+        # Checked before any worker starts: a size that cannot split the model is a config error.
+        hf = load_hf_config(path)
+        self.full_cfg = ModelConfig.from_hf(hf)  # the whole model's: adapters are checked on it
         limits = config.settle_limits(
-            device_limits(self.device, self.dtype_name, config.kv_cache_dtype)
+            device_limits(self.device, self.dtype, self.full_cfg, config.kv_cache_dtype)
         )
         log.info(
             "batch limits: %d sequences, %d tokens a step; KV cache blocks of %d tokens",
@@ -103,11 +108,6 @@ class LLMEngine:
             limits.max_num_batched_tokens,
             limits.block_size,
         )
-        path = self.model_path = resolve_model(config.model)
-        size = tensor_parallel_size(config, self.device)
-        # Checked before any worker starts: a size that cannot split the model is a config error.
-        hf = load_hf_config(path)
-        self.full_cfg = ModelConfig.from_hf(hf)  # the whole model's: adapters are checked on it
         check(self.full_cfg, size)
         self.task, self.pooling = pooling.resolve(path, config.task, hf.to_dict())
         if self.pooling is not None:  # a cached block's hidden states are never computed

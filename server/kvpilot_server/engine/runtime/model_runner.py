@@ -73,9 +73,7 @@ class ModelRunner:
         dtype = model.norm.weight.dtype
         self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
         self.windows = sorted(set(model.cfg.layer_windows), key=lambda w: w or 0)
-        # The compiled decode kernel cannot cap attention logits (Gemma 2) nor add sinks to its
-        # softmax (gpt-oss): PyTorch serves those.
-        eager = model.cfg.attn_logit_softcapping is not None or model.cfg.attention_sinks
+        eager = model.cfg.eager_softmax  # the compiled decode kernel has no cap and no sinks
         self.kernel = None if eager else kernel
         self.peers = peers  # tensor parallelism: every plan goes to the other ranks first
         self.lora, self.load_adapter = lora, load_adapter

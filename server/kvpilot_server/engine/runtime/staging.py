@@ -56,8 +56,8 @@ class Staging:
         else:
             sent = self.target[:total]
             sent.copy_(self.host[:total], non_blocking=True)
-            if self.copied is not None:
-                self.copied.record()
+            if self.copied is not None:  # on the stream the copy went to: the target's device's
+                self.copied.record(torch.cuda.current_stream(self.device))
         return list(sent.split(sizes))
 
     def works(self) -> bool:
