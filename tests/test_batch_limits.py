@@ -19,7 +19,8 @@ from transformers import LlamaConfig
 from kvpilot_common import batch_limits
 from kvpilot_common.batch_limits import BatchLimits
 from kvpilot_common.catalogue import KNOWN_MODELS
-from kvpilot_common.memory_model import GPU_MEMORY_MIB, MiB
+from kvpilot_common.memory_model import GPU_MEMORY_MIB, MiB, plan
+from kvpilot_common.step_memory import GRAPH_SCRATCH_BLOCKS
 from kvpilot_operator import crd
 from kvpilot_operator.engine_flags import engine_args
 from kvpilot_operator.memory_plan import device_memory_bytes, limits, replica_plan
@@ -194,3 +195,36 @@ def test_the_crd_leaves_the_limits_to_the_device():
             assert "default" not in engine[field], (path, field)
         assert batch_limits.FLASH_PAGE in engine["blockSize"]["enum"]
         assert batch_limits.SMALL_BLOCK in engine["blockSize"]["enum"]
+
+
+def test_a_plan_counts_the_whole_blocks_the_engine_pools():
+    # The engine's cache is whole blocks, less the scratch block a GPU's graphs keep
+    # (llm_engine: pooled = blocks - GRAPH_SCRATCH_BLOCKS): a plan counts the same tokens.
+    shape = KNOWN_MODELS[LLAMA_8B]
+    loose = plan(shape, 80 * GiB, 8192, dtype="bfloat16")
+    whole = plan(shape, 80 * GiB, 8192, dtype="bfloat16", block_size=256, reserved_blocks=1)
+    blocks = loose.kv_cache_bytes // (loose.kv_bytes_per_token * 256)
+    assert whole.kv_tokens == (blocks - GRAPH_SCRATCH_BLOCKS) * 256 < loose.kv_tokens
+    # A cache of exactly one sequence's tokens holds none once the scratch block is out.
+    exact = dataclasses.replace(whole, kv_cache_bytes=8192 * whole.kv_bytes_per_token)
+    assert exact.kv_tokens == 8192 - 256 and not exact.fits
+    assert dataclasses.replace(exact, reserved_blocks=0).fits
+
+
+def test_plan_and_the_fit_check_give_a_model_the_block_size_its_engine_will():
+    # gpt-oss's attention sinks keep the flash path off: its engine takes blocks of 16.
+    gpt_oss = "hf://openai/gpt-oss-20b"
+    assert _plan("--gpu-type", "H100-80GB")["block_size"] == batch_limits.FLASH_PAGE
+    parser = argparse.ArgumentParser()
+    add_plan_args(parser)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        run_plan(parser.parse_args(["--json", "--model", gpt_oss, "--gpu-type", "H100-80GB"]))
+    assert json.loads(out.getvalue())["block_size"] == batch_limits.SMALL_BLOCK
+    spec = _spec("H100-80GB")
+    assert limits(spec, 80 * GiB, "GptOssForCausalLM").block_size == batch_limits.SMALL_BLOCK
+    assert limits(spec, 80 * GiB, "LlamaForCausalLM").block_size == batch_limits.FLASH_PAGE
+    # Without graphs no scratch block is kept: one block's more tokens.
+    eager = _plan("--gpu-type", "H100-80GB", "--enforce-eager")
+    graphs = _plan("--gpu-type", "H100-80GB")
+    assert eager["kv_cache_tokens"] - graphs["kv_cache_tokens"] == batch_limits.FLASH_PAGE

@@ -18,13 +18,15 @@ step workspace and cache that the pod will.
   pages of a multiple of it. Elsewhere 16: prefix caching reuses whole blocks and the reference
   path gathers and pads whole blocks, so small blocks share more and pad less. The engine
   knows everything that decides the flash path (the model's attention, the GPU's generation,
-  torch's kernel); a plan and the fit check know what a spec shows (`flash_may_read`), and
-  count no block sizes.
+  torch's kernel); a plan and the fit check know what a spec and the model's architecture show
+  (`flash_may_read`).
 
 Standard library only: the operator imports it.
 """
 
 from dataclasses import dataclass
+
+from kvpilot_common import precision
 
 GiB = 1 << 30
 LARGE_GPU_BYTES = 70 * GiB
@@ -61,10 +63,13 @@ def defaults(
     )
 
 
-def flash_may_read(dtype: str, kv_cache_dtype: str) -> bool:
-    """What settings show of whether the flash path may read the cache: a 16-bit model (its
-    dtype resolved for the device) and a cache of that dtype (kv_cache_dtype auto)."""
-    return dtype in FLASH_DTYPES and kv_cache_dtype == "auto"
+def flash_may_read(dtype: str, kv_cache_dtype: str, architecture: str = "") -> bool:
+    """What settings and a model's architecture show of whether the flash path may read the
+    cache: a 16-bit model (its dtype resolved for the device), a cache of that dtype
+    (kv_cache_dtype auto), and attention without logit caps or sink logits."""
+    quirks = precision.ARCHITECTURES.get(architecture, precision.Architecture())
+    eager = quirks.attention_softcap or quirks.attention_sinks
+    return dtype in FLASH_DTYPES and kv_cache_dtype == "auto" and not eager
 
 
 def settle(

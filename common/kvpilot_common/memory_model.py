@@ -196,10 +196,16 @@ class Plan:
     max_model_len: int
     tensor_parallel_size: int = 1
     adapter_bytes: int = 0  # LoRA slots, whole on every GPU
+    # The engine's cache is whole blocks, less those it keeps out of the pool (a GPU's CUDA
+    # graphs write their padding rows into one scratch block: engine/runtime/cuda_graphs.py).
+    block_size: int = 1
+    reserved_blocks: int = 0
 
     @property
     def kv_tokens(self) -> int:
-        return max(0, self.kv_cache_bytes) // self.kv_bytes_per_token
+        per_block = self.kv_bytes_per_token * self.block_size
+        blocks = max(0, self.kv_cache_bytes) // per_block - self.reserved_blocks
+        return max(0, blocks) * self.block_size
 
     @property
     def sequences_at_max_len(self) -> int:
@@ -282,6 +288,8 @@ def plan(
     tensor_parallel_size: int = 1,
     adapter_bytes: int = 0,  # LoRA slots (lora_slot_bytes), counted whole on every GPU
     workspace_bytes: int = 0,  # a GPU step's transient memory (step_memory.py)
+    block_size: int = 1,  # the engine's KV block: the cache holds whole ones
+    reserved_blocks: int = 0,  # blocks kept out of the pool (Plan says which)
 ) -> Plan:
     """memory_bytes and headroom_bytes are one GPU's; the model spans tensor_parallel_size."""
     size = tensor_parallel_size
@@ -296,4 +304,6 @@ def plan(
         max_model_len=max_model_len,
         tensor_parallel_size=size,
         adapter_bytes=adapter_bytes,
+        block_size=block_size,
+        reserved_blocks=reserved_blocks,
     )

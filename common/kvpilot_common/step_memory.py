@@ -25,6 +25,9 @@ place: the engine measures it, a plan computes it (device memory - weights - run
 from kvpilot_common import parallelism, precision
 from kvpilot_common.memory_model import ModelShape
 
+# A GPU engine that may replay CUDA graphs keeps this many KV blocks out of its pool: the
+# graphs' padding rows write into them (engine/runtime/cuda_graphs.py).
+GRAPH_SCRATCH_BLOCKS = 1
 # CUDA graphs are captured for these batch sizes up to max_num_seqs (engine/runtime/cuda_graphs.py).
 GRAPH_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 # The sampler's [seqs, vocab] float32 tensors alive at its peak: the logits, the masked copy,

@@ -15,7 +15,7 @@ from kvpilot_common.memory_model import (
     lora_slot_bytes,
     plan,
 )
-from kvpilot_common.step_memory import workspace_of
+from kvpilot_common.step_memory import GRAPH_SCRATCH_BLOCKS, workspace_of
 from kvpilot_operator.spec import Spec
 
 # On CPU the pod's memory limit is the device: the process itself (Python, torch, tokenizer)
@@ -52,9 +52,9 @@ def replica_plan(spec: Spec, shape: ModelShape, memory: int) -> Plan:
     slots = lora_slot_bytes(shape, engine.max_loras, engine.max_lora_rank, dtype)
     size = spec.tensor_parallel_size if gpu else 1
     # A GPU engine sizes its cache around a step's workspace; a CPU pod's headroom covers it.
+    step = limits(spec, memory, shape.architecture)
     workspace = 0
     if gpu:
-        step = limits(spec, memory)
         workspace = workspace_of(shape, dtype, step.max_num_batched_tokens, step.max_num_seqs, size)
     return plan(
         shape,
@@ -69,17 +69,21 @@ def replica_plan(spec: Spec, shape: ModelShape, memory: int) -> Plan:
         tensor_parallel_size=size,
         adapter_bytes=slots if spec.adapters else 0,
         workspace_bytes=workspace,
+        block_size=step.block_size,
+        reserved_blocks=GRAPH_SCRATCH_BLOCKS if gpu and not engine.enforce_eager else 0,
         **({} if gpu else {"headroom_bytes": CPU_HEADROOM_BYTES}),
     )
 
 
-def limits(spec: Spec, memory: int | None) -> batch_limits.BatchLimits:
+def limits(spec: Spec, memory: int | None, architecture: str = "") -> batch_limits.BatchLimits:
     """The batch limits and block size one replica's engine runs with: the spec's, and for
-    what it leaves unset the engine's choice for a device of `memory` bytes (None: unknown)."""
+    what it leaves unset the engine's choice for a device of `memory` bytes (None: unknown)
+    and a model of this architecture (config.json's class name; '' when not known)."""
     engine, resources = spec.engine, spec.resources
     gpu = resources.gpus > 0
     dtype = precision.resolve_dtype(DTYPES[engine.dtype].name, gpu)
-    flash = batch_limits.flash_may_read(dtype, KV_CACHE_DTYPES[engine.kv_cache_dtype].name)
+    kv_cache_dtype = KV_CACHE_DTYPES[engine.kv_cache_dtype].name
+    flash = batch_limits.flash_may_read(dtype, kv_cache_dtype, architecture)
     chosen = batch_limits.defaults(
         gpu=gpu, memory=memory, name=resources.gpu_type or "", flash=flash
     )

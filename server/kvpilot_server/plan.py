@@ -17,7 +17,7 @@ from kvpilot_common.memory_model import (
     unserved,
 )
 from kvpilot_common.naming import BUNDLED_MODEL
-from kvpilot_common.step_memory import workspace_of
+from kvpilot_common.step_memory import GRAPH_SCRATCH_BLOCKS, workspace_of
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine_args import parse_bytes
 
@@ -69,6 +69,16 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-num-seqs", type=int, help="default: the engine's for this GPU")
     parser.add_argument(
+        "--block-size",
+        type=int,
+        help="default: the engine's for this GPU (the cache is whole blocks)",
+    )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs, so no scratch block kept out of the cache",
+    )
+    parser.add_argument(
         "--tensor-parallel-size",
         type=int,
         default=1,
@@ -104,11 +114,11 @@ def run_plan(args: argparse.Namespace) -> int:
             gpu=True,
             memory=memory,
             name=gpu_type,
-            flash=batch_limits.flash_may_read(args.dtype, args.kv_cache_dtype),
+            flash=batch_limits.flash_may_read(args.dtype, args.kv_cache_dtype, shape.architecture),
         ),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=None,
+        block_size=args.block_size,
     )
     workspace = workspace_of(
         shape, args.dtype, limits.max_num_batched_tokens, limits.max_num_seqs, size
@@ -125,6 +135,9 @@ def run_plan(args: argparse.Namespace) -> int:
         kv_fraction=args.kv_cache_memory_fraction,
         tensor_parallel_size=size,
         workspace_bytes=workspace,
+        block_size=limits.block_size,
+        # The engine keeps these out of its pool where it may replay CUDA graphs.
+        reserved_blocks=0 if args.enforce_eager else GRAPH_SCRATCH_BLOCKS,
     )
     problem = unserved(shape)
     result = {
@@ -144,6 +157,7 @@ def run_plan(args: argparse.Namespace) -> int:
         "weights_mib": p.weight_bytes // MiB,
         "max_num_seqs": limits.max_num_seqs,  # what the workspace is sized for
         "max_num_batched_tokens": limits.max_num_batched_tokens,
+        "block_size": limits.block_size,
         "step_workspace_mib": workspace // MiB,
         "kv_bytes_per_token": p.kv_bytes_per_token,
         "kv_cache_mib": max(0, p.kv_cache_bytes) // MiB,

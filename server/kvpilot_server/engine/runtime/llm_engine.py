@@ -20,6 +20,7 @@ from kvpilot_common.errors import (
     ModelLoadError,
     StepFailedError,
 )
+from kvpilot_common.step_memory import GRAPH_SCRATCH_BLOCKS
 from kvpilot_server.config import EngineConfig
 from kvpilot_server.engine.distributed.group import SINGLE
 from kvpilot_server.engine.distributed.sharding import check
@@ -134,7 +135,8 @@ class LLMEngine:
         if self.workers is not None:
             self.workers.ready = True  # they now wait for plans (or the stop)
         graphs = cuda_graphs.wanted(self.device, config.enforce_eager)
-        pooled = num_blocks - 1 if graphs else num_blocks  # the last: the graphs' padding rows'
+        # The last blocks: the graphs' padding rows' (plans count them out too).
+        pooled = num_blocks - GRAPH_SCRATCH_BLOCKS if graphs else num_blocks
         config.check_against_model(cfg.max_position_embeddings, pooled)
         self.pool = BlockPool(pooled, config.block_size, config.enable_prefix_caching)
         self.lora = None
