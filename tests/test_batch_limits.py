@@ -30,6 +30,7 @@ from kvpilot_server.engine.layers import flash_attention
 from kvpilot_server.engine.models import model_setup
 from kvpilot_server.engine.models.model_config import ModelConfig
 from kvpilot_server.plan import add_plan_args, run_plan
+from kvpilot_testing.tiny import TINY_BASE
 
 ROOT = Path(__file__).parents[1]
 GiB = 1 << 30
@@ -86,16 +87,9 @@ def test_what_is_given_is_kept_and_only_the_rest_chosen():
     assert (config.max_num_seqs, config.max_num_batched_tokens, config.block_size) == (3, 8192, 32)
 
 
-def _model_config(**hf) -> ModelConfig:
-    shape = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-    )
-    return ModelConfig.from_hf(LlamaConfig(**shape, architectures=["LlamaForCausalLM"], **hf))
+def _model_config() -> ModelConfig:
+    shape = {**TINY_BASE, "vocab_size": 256, "architectures": ["LlamaForCausalLM"]}
+    return ModelConfig.from_hf(LlamaConfig(**shape))
 
 
 def test_the_engine_reads_the_gpu_and_the_model_it_has(monkeypatch):
