@@ -89,3 +89,31 @@ def settle(
         ),
         block_size=chosen.block_size if block_size is None else block_size,
     )
+
+
+def planned(
+    *,
+    gpu: bool,
+    memory: int | None,
+    name: str,
+    dtype: str,
+    kv_cache_dtype: str,
+    architecture: str,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    block_size: int | None,
+) -> BatchLimits:
+    """What a plan of one device expects its engine to run with: what was asked for, the rest
+    as the engine would choose there from what settings and the architecture show."""
+    chosen = defaults(
+        gpu=gpu,
+        memory=memory,
+        name=name,
+        flash=flash_may_read(dtype, kv_cache_dtype, architecture),
+    )
+    return settle(
+        chosen,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size,
+    )

@@ -81,14 +81,13 @@ def limits(spec: Spec, memory: int | None, architecture: str = "") -> batch_limi
     and a model of this architecture (config.json's class name; '' when not known)."""
     engine, resources = spec.engine, spec.resources
     gpu = resources.gpus > 0
-    dtype = precision.resolve_dtype(DTYPES[engine.dtype].name, gpu)
-    kv_cache_dtype = KV_CACHE_DTYPES[engine.kv_cache_dtype].name
-    flash = batch_limits.flash_may_read(dtype, kv_cache_dtype, architecture)
-    chosen = batch_limits.defaults(
-        gpu=gpu, memory=memory, name=resources.gpu_type or "", flash=flash
-    )
-    return batch_limits.settle(
-        chosen,
+    return batch_limits.planned(
+        gpu=gpu,
+        memory=memory,
+        name=resources.gpu_type or "",
+        dtype=precision.resolve_dtype(DTYPES[engine.dtype].name, gpu),
+        kv_cache_dtype=KV_CACHE_DTYPES[engine.kv_cache_dtype].name,
+        architecture=architecture,
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         block_size=engine.block_size,

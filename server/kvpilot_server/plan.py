@@ -109,13 +109,13 @@ def run_plan(args: argparse.Namespace) -> int:
     gpu_type = args.gpu_type or ("" if args.gpu_memory else DEFAULT_GPU)
     memory = args.gpu_memory or GPU_MEMORY_MIB[gpu_type] * MiB
     max_len = args.max_model_len or shape.max_position
-    limits = batch_limits.settle(
-        batch_limits.defaults(
-            gpu=True,
-            memory=memory,
-            name=gpu_type,
-            flash=batch_limits.flash_may_read(args.dtype, args.kv_cache_dtype, shape.architecture),
-        ),
+    limits = batch_limits.planned(
+        gpu=True,
+        memory=memory,
+        name=gpu_type,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        architecture=shape.architecture,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
@@ -153,11 +153,12 @@ def run_plan(args: argparse.Namespace) -> int:
             else {}
         ),
         "tensor_parallel_size": size,
-        "device_memory_mib": memory // MiB,  # this and the next three: per GPU
-        "weights_mib": p.weight_bytes // MiB,
-        "max_num_seqs": limits.max_num_seqs,  # what the workspace is sized for
+        # The engine's limits the workspace is sized for, and the block the cache is counted in.
+        "max_num_seqs": limits.max_num_seqs,
         "max_num_batched_tokens": limits.max_num_batched_tokens,
         "block_size": limits.block_size,
+        "device_memory_mib": memory // MiB,  # this and the next three: per GPU
+        "weights_mib": p.weight_bytes // MiB,
         "step_workspace_mib": workspace // MiB,
         "kv_bytes_per_token": p.kv_bytes_per_token,
         "kv_cache_mib": max(0, p.kv_cache_bytes) // MiB,

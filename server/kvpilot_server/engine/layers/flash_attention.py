@@ -12,10 +12,9 @@ w - 1, the query's own key included) and grouped-query heads.
 
 It serves where it can: CUDA on an Ampere or newer GPU, a 16-bit model, an unquantized cache,
 no logit softcap or sinks (Gemma 2, gpt-oss keep the reference path), a torch whose varlen_attn
-takes a block table. And
-only once it has agreed with the reference path on the model's own head shape at start
-(`self_test`): code that has never run on this GPU must not be able to take the server down, so
-any disagreement or error is logged and the reference path serves instead.
+takes a block table. And only once it has agreed with the reference path on the model's own
+head shape at start (`self_test`): code that has never run on this GPU must not be able to take
+the server down, so any disagreement or error is logged and the reference path serves instead.
 """
 
 import functools
