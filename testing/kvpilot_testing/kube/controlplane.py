@@ -173,8 +173,17 @@ class ControlPlane:
             ],
         )
         self.url = f"https://{self.address}:{port}"
-        self.wait_for("the API server's certificate", self.ca.exists, 60)
+        self.wait_for("the API server's certificate", self._certificate_written, 60)
         self.wait_for("kube-apiserver /readyz", lambda: self.get("/readyz") is not None, 90)
+
+    def _certificate_written(self) -> bool:
+        """The API server writes its certificate in place, not by rename: the file can exist
+        and still be empty or half written, so wait until it loads."""
+        try:
+            ssl.create_default_context(cafile=str(self.ca))
+        except (OSError, ssl.SSLError):  # missing, or not yet a whole certificate
+            return False
+        return True
 
     def _controller_manager_args(self) -> list[str]:
         return [
