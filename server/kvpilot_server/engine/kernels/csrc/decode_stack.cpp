@@ -11,6 +11,7 @@
 #include "kernels.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/utils/pybind.h>  // binds its classes for Python
 
 #include <algorithm>
 #include <limits>
@@ -25,29 +26,29 @@ enum class Kind { kInt4Int8, kInt4, kInt8, kFloat32, kBfloat16 };
 // product against the weight in its packed layout, the output back in float32, then the bias;
 // the same op calls as HalfLinear.forward, so the same result bit for bit. oneDNN's linear is
 // reached through the dispatcher, as Python's torch.ops.mkldnn reaches it.
-torch::Tensor bfloat16_linear(const torch::Tensor& x, const torch::Tensor& packed,
-                              const c10::optional<torch::Tensor>& bias) {
+at::Tensor bfloat16_linear(const at::Tensor& x, const at::Tensor& packed,
+                           const c10::optional<at::Tensor>& bias) {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  std::vector<c10::IValue> stack{x.to(torch::kBFloat16), packed, c10::IValue(),
+  std::vector<c10::IValue> stack{x.to(at::kBFloat16), packed, c10::IValue(),
                                  c10::IValue(std::string("none")),
                                  c10::IValue(c10::List<std::optional<at::Scalar>>()),
                                  c10::IValue(std::string(""))};
   op.callBoxed(&stack);
-  auto out = stack[0].toTensor().to(torch::kFloat32);
+  auto out = stack[0].toTensor().to(at::kFloat);
   return bias.has_value() ? out.add_(*bias) : out;
 }
 
 // One linear layer as its decode kernel reads it.
 struct Linear {
   Kind kind;
-  torch::Tensor q, scale, minimum;  // q: the weight; scale: int8, int4; minimum: int4 only
+  at::Tensor q, scale, minimum;  // q: the weight; scale: int8, int4; minimum: int4 only
   int64_t group;                    // int4 only
-  c10::optional<torch::Tensor> bias;
+  c10::optional<at::Tensor> bias;
   int64_t max_rows;  // rows this product serves (engine/kernels/operands.py)
 
   // float32_rows: rows up to which float32_linear serves a float32 weight, float32_gemm beyond.
-  torch::Tensor operator()(const torch::Tensor& x, int64_t float32_rows) const {
+  at::Tensor operator()(const at::Tensor& x, int64_t float32_rows) const {
     switch (kind) {
       case Kind::kInt4Int8: return int4_int8_linear(x, q, scale, minimum, group, bias);
       case Kind::kInt4: return int4_linear(x, q, scale, minimum, group, bias);
@@ -60,9 +61,9 @@ struct Linear {
   }
 };
 
-Linear make_linear(const std::string& kind, torch::Tensor q, c10::optional<torch::Tensor> scale,
-                   c10::optional<torch::Tensor> minimum, int64_t group,
-                   c10::optional<torch::Tensor> bias, int64_t max_rows) {
+Linear make_linear(const std::string& kind, at::Tensor q, c10::optional<at::Tensor> scale,
+                   c10::optional<at::Tensor> minimum, int64_t group, c10::optional<at::Tensor> bias,
+                   int64_t max_rows) {
   const Kind k = kind == "int4_int8" ? Kind::kInt4Int8 : kind == "int4" ? Kind::kInt4
                  : kind == "int8" ? Kind::kInt8 : kind == "float32" ? Kind::kFloat32
                  : kind == "bfloat16" ? Kind::kBfloat16
@@ -72,12 +73,12 @@ Linear make_linear(const std::string& kind, torch::Tensor q, c10::optional<torch
   TORCH_CHECK(!quantized || k == Kind::kInt8 || minimum.has_value(),
               "int4 needs its minimums");
   TORCH_CHECK(max_rows > 0, "max_rows: at least one row");
-  return {k, q, scale.value_or(torch::Tensor()), minimum.value_or(torch::Tensor()), group, bias,
+  return {k, q, scale.value_or(at::Tensor()), minimum.value_or(at::Tensor()), group, bias,
           max_rows};
 }
 
 struct Layer {
-  torch::Tensor input_norm, post_norm;
+  at::Tensor input_norm, post_norm;
   Linear qkv, o, gate_up, down;
   int64_t window;  // sliding window, or 0
 };
@@ -89,8 +90,8 @@ class DecodeStack {
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps), scale_(scale),
         float32_rows_(float32_linear_max_rows) {}
 
-  void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, Linear qkv, Linear o,
-                 Linear gate_up, Linear down, int64_t window) {
+  void add_layer(at::Tensor input_norm, at::Tensor post_norm, Linear qkv, Linear o, Linear gate_up,
+                 Linear down, int64_t window) {
     for (const Linear* l : {&qkv, &o, &gate_up, &down})
       max_rows_ = std::min(max_rows_, l->max_rows);
     layers_.push_back({input_norm, post_norm, qkv, o, gate_up, down, window});
@@ -103,16 +104,15 @@ class DecodeStack {
   // layer; slots [rows]; tables [rows, blocks] and lens [rows] as paged_decode takes them.
   // Returns (the last layer's MLP output, the residual stream before it is added), as the
   // modules' loop leaves them.
-  std::vector<torch::Tensor> forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
-                                     const std::vector<torch::Tensor>& k_caches,
-                                     const std::vector<torch::Tensor>& v_caches,
-                                     torch::Tensor slots, torch::Tensor tables,
-                                     torch::Tensor lens) const {
+  std::vector<at::Tensor> forward(at::Tensor x, at::Tensor cos, at::Tensor sin,
+                                  const std::vector<at::Tensor>& k_caches,
+                                  const std::vector<at::Tensor>& v_caches, at::Tensor slots,
+                                  at::Tensor tables, at::Tensor lens) const {
     const size_t n = layers_.size();
     TORCH_CHECK(k_caches.size() == n && v_caches.size() == n, "one K and V cache per layer");
     const int64_t rows = x.size(0), qk = heads_ + kv_heads_, f32 = float32_rows_;
     TORCH_CHECK(rows <= max_rows(), "more rows than the stack's products serve");
-    torch::Tensor residual = x;
+    at::Tensor residual = x;
     for (size_t i = 0; i < n; ++i) {
       const Layer& l = layers_[i];
       // The first layer's residual stream is the embeddings themselves.
@@ -141,7 +141,7 @@ class DecodeStack {
 
 }  // namespace
 
-void bind_decode_stack(pybind11::module& m) {
+void bind_decode_stack(pybind11::module_& m) {
   namespace py = pybind11;
   py::class_<Linear>(m, "StackLinear");
   m.def("stack_linear", &make_linear,

@@ -141,13 +141,13 @@ void outputs(const Operands& p, int64_t o0, int64_t r0, int64_t r1) {
 
 }  // namespace
 
-torch::Tensor float32_gemm(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: 2-D float32");
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous(),
+at::Tensor float32_gemm(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x: 2-D float32");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.is_contiguous(),
               "w: contiguous float32 [out, in]");
   TORCH_CHECK(x.size(1) == w.size(1), "x and w: in features differ");
   auto xc = x.contiguous();
-  auto y = torch::empty({x.size(0), w.size(0)}, x.options());
+  auto y = at::empty({x.size(0), w.size(0)}, x.options());
   const auto b = kvpilot::checked_bias(bias, w.size(0));
   const Operands p{w.data_ptr<float>(), xc.data_ptr<float>(), b ? b->data_ptr<float>() : nullptr,
                    y.data_ptr<float>(), x.size(0), x.size(1), w.size(0)};

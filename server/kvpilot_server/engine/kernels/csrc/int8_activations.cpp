@@ -202,27 +202,26 @@ int64_t int8_activation_block() { return kBlock; }
 
 // The activations as int4_int8_linear quantizes them, in input order: xq [rows, in] and one
 // scale per block of 32, [rows, in / 32] (for tests and references).
-std::vector<torch::Tensor> quantize_activations(torch::Tensor x_in) {
+std::vector<at::Tensor> quantize_activations(at::Tensor x_in) {
   auto x = rows_of(x_in);
   TORCH_CHECK(x.size(1) % kSpan == 0, "x: in features a multiple of 64");
-  auto slotted = torch::empty(x.sizes(), x.options().dtype(torch::kInt8));
-  auto scales = torch::empty({x.numel() / kBlock, 4}, x.options());
-  auto sums = torch::empty({x.numel() / kBlock}, x.options());
+  auto slotted = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  auto scales = at::empty({x.numel() / kBlock, 4}, x.options());
+  auto sums = at::empty({x.numel() / kBlock}, x.options());
   quantize_spans(x.data_ptr<float>(), x.numel() / kSpan, slotted.data_ptr<int8_t>(),
                  scales.data_ptr<float>(), sums.data_ptr<float>());
   std::vector<int64_t> order(kSpan);
   for (int64_t i = 0; i < kSpan; ++i) order[i] = span_slot(i);
-  auto index = torch::tensor(order);
+  auto index = at::tensor(order);
   auto xq = slotted.view({-1, kSpan}).index_select(1, index).reshape(x.sizes());
   return {xq, scales.select(1, 0).reshape({x.size(0), -1})};
 }
 
-torch::Tensor int4_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tensor scale,
-                               torch::Tensor minimum, int64_t group,
-                               c10::optional<torch::Tensor> bias) {
+at::Tensor int4_int8_linear(at::Tensor x_in, at::Tensor q, at::Tensor scale, at::Tensor minimum,
+                            int64_t group, c10::optional<at::Tensor> bias) {
   auto x = rows_of(x_in);
   const int64_t rows = x.size(0), in = x.size(1), out = q.size(0);
-  TORCH_CHECK(q.scalar_type() == torch::kUInt8 && q.is_contiguous() && q.size(1) * 2 == in,
+  TORCH_CHECK(q.scalar_type() == at::kByte && q.is_contiguous() && q.size(1) * 2 == in,
               "q: contiguous uint8 [out, in / 2]");
   TORCH_CHECK(in % kSpan == 0, "in features: a multiple of 64");
   TORCH_CHECK(group == kBlock || (group % kSpan == 0 && in % group == 0),
@@ -245,14 +244,14 @@ torch::Tensor int4_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tenso
   return product(dot, rows, out, x, bias);
 }
 
-torch::Tensor int8_int8_linear(torch::Tensor x_in, torch::Tensor q, torch::Tensor scale,
-                               c10::optional<torch::Tensor> bias) {
+at::Tensor int8_int8_linear(at::Tensor x_in, at::Tensor q, at::Tensor scale,
+                            c10::optional<at::Tensor> bias) {
   auto x = rows_of(x_in);
   const int64_t rows = x.size(0), in = x.size(1), out = q.size(0), blocks = in / kBlock;
-  TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.is_contiguous() && q.size(1) == in,
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.is_contiguous() && q.size(1) == in,
               "q: contiguous int8 [out, in]");
   TORCH_CHECK(in % kBlock == 0, "in features: a multiple of 32");
-  TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.numel() == out, "scale: [out]");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == out, "scale: [out]");
   Scratch& scratch = Scratch::sized(rows * in);
   const float* xp = x.data_ptr<float>();
   int8_t* qp = scratch.xq.data();

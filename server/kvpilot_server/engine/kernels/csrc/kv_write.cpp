@@ -8,8 +8,8 @@
 // Quantize new keys or values [N, kv_heads, head_dim] per token per kv head into their cache
 // slots, bit for bit as kv_cache.quantize does: one call instead of about ten PyTorch ops.
 // Any strides: decode-sized projections come out transposed (see linear.py).
-void write_int8(torch::Tensor x, torch::Tensor cache, torch::Tensor scales, torch::Tensor slots) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && cache.scalar_type() == torch::kInt8);
+void write_int8(at::Tensor x, at::Tensor cache, at::Tensor scales, at::Tensor slots) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && cache.scalar_type() == at::kChar);
   TORCH_CHECK(cache.is_contiguous() && scales.is_contiguous());
   const int64_t n = x.size(0), kvh = x.size(1), hd = x.size(2), step = x.stride(2);
   const auto slot = slots.contiguous();
@@ -34,11 +34,11 @@ void write_int8(torch::Tensor x, torch::Tensor cache, torch::Tensor scales, torc
 
 // New float32 keys and values [N, kv_heads, head_dim] (any strides) into their cache slots,
 // both in one call: two index_copy_ calls and their views cost several times the copy.
-void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
-           torch::Tensor slots) {
-  TORCH_CHECK(k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32);
-  TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32 && k_cache.is_contiguous() &&
-              v_cache.scalar_type() == torch::kFloat32 && v_cache.is_contiguous());
+void write_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache,
+              at::Tensor slots) {
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat);
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+              v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous());
   const int64_t n = k.size(0), kvh = k.size(1), hd = k.size(2);
   TORCH_CHECK(v.sizes() == k.sizes() && k_cache.size(2) == kvh && k_cache.size(3) == hd);
   const auto slot = slots.contiguous();

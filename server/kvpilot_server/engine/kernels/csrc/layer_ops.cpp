@@ -14,8 +14,8 @@
 
 namespace {
 
-void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+void check_rows(const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x: contiguous 2-D float32");
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "weight: [x.size(1)]");
 }
@@ -31,9 +31,9 @@ void normalize(const float* x, const float* weight, int64_t dim, double eps, flo
 
 }  // namespace
 
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   check_rows(x, weight);
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const int64_t rows = x.size(0), dim = x.size(1);
   const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -43,12 +43,11 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 }
 
 // residual += x in place, then the norm of the sum: a layer's residual add and the next norm.
-torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
-                           double eps) {
+at::Tensor add_rms_norm(at::Tensor x, at::Tensor residual, at::Tensor weight, double eps) {
   check_rows(x, weight);
   check_rows(residual, weight);
   TORCH_CHECK(x.sizes() == residual.sizes(), "x and residual: the same shape");
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const int64_t rows = x.size(0), dim = x.size(1);
   const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
   float *rp = residual.data_ptr<float>(), *op = out.data_ptr<float>();
@@ -64,12 +63,12 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tenso
 // Rotary embedding, neox layout: x [rows, heads, head_dim] with any strides (a split of the
 // fused qkv output, itself sometimes transposed), cos and sin [rows, 1, head_dim] contiguous.
 // A new contiguous tensor.
-torch::Tensor rotate(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
-  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == torch::kFloat32, "x: [rows, heads, head_dim]");
+at::Tensor rotate(at::Tensor x, at::Tensor cos, at::Tensor sin) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat, "x: [rows, heads, head_dim]");
   const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == rows * dim &&
                   sin.numel() == rows * dim, "cos, sin: [rows, 1, head_dim] contiguous");
-  auto out = torch::empty({rows, heads, dim}, x.options());
+  auto out = at::empty({rows, heads, dim}, x.options());
   const float *xp = x.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t row_stride = x.stride(0), head_stride = x.stride(1), step = x.stride(2);
@@ -94,12 +93,12 @@ torch::Tensor rotate(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
 // x / (1 + e^-x), as PyTorch defines it; e^-x is taken where it is at most 1 (x >= 0) and
 // through e^x = 1 / e^-x elsewhere, so that no exponential overflows. The exp may differ from
 // PyTorch's in the last bit.
-torch::Tensor silu_mul(torch::Tensor gate_up) {
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == torch::kFloat32 &&
-                  gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+at::Tensor silu_mul(at::Tensor gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kFloat && gate_up.stride(1) == 1 &&
+                  gate_up.size(1) % 2 == 0,
               "gate_up: [rows, 2 * width] float32, the last dimension contiguous");
   const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2, stride = gate_up.stride(0);
-  auto out = torch::empty({rows, width}, gate_up.options());
+  auto out = at::empty({rows, width}, gate_up.options());
   const float* gp = gate_up.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);

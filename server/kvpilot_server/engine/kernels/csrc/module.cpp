@@ -1,4 +1,6 @@
 // The one compiled CPU module: every kernel of this directory, bound for Python.
+#include <torch/csrc/utils/pybind.h>  // pybind11 with torch's tensor conversions
+
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

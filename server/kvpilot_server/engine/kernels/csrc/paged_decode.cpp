@@ -210,14 +210,14 @@ void decode_rows(const float* qp, const T* kp, const T* vp, const float* ksp, co
 }  // namespace
 
 template <typename T>
-torch::Tensor decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                     const float* k_scale, const float* v_scale, torch::Tensor block_tables,
-                     torch::Tensor context_lens, double scale, int64_t window) {
+at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, const float* k_scale,
+                  const float* v_scale, at::Tensor block_tables, at::Tensor context_lens,
+                  double scale, int64_t window) {
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32);
+  TORCH_CHECK(q.scalar_type() == at::kFloat);
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const int64_t hd = q.size(2);
   TORCH_CHECK(hd % 8 == 0 && hd <= kMaxHeadDim, "head_dim: a multiple of 8, at most 256");
   const int64_t D = q.size(0), kvh = k_cache.size(2);
@@ -233,32 +233,32 @@ torch::Tensor decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
   return out;
 }
 
-torch::Tensor paged_decode(
-    torch::Tensor q,             // [D, heads, head_dim] float32
-    torch::Tensor k_cache,       // [num_blocks, block_size, kv_heads, head_dim] float32
-    torch::Tensor v_cache,
-    torch::Tensor block_tables,  // [D, max_blocks] int64
-    torch::Tensor context_lens,  // [D] int64
+at::Tensor paged_decode(
+    at::Tensor q,             // [D, heads, head_dim] float32
+    at::Tensor k_cache,       // [num_blocks, block_size, kv_heads, head_dim] float32
+    at::Tensor v_cache,
+    at::Tensor block_tables,  // [D, max_blocks] int64
+    at::Tensor context_lens,  // [D] int64
     double scale,
-    int64_t window) {            // sliding window, or <= 0 for full attention
-  TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == torch::kFloat32);
+    int64_t window) {         // sliding window, or <= 0 for full attention
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat);
   return decode<float>(q, k_cache, v_cache, nullptr, nullptr, block_tables, context_lens, scale,
                        window);
 }
 
-torch::Tensor paged_decode_int8(
-    torch::Tensor q,             // [D, heads, head_dim] float32
-    torch::Tensor k_cache,       // [num_blocks, block_size, kv_heads, head_dim] int8
-    torch::Tensor v_cache,
-    torch::Tensor k_scale,       // [num_blocks, block_size, kv_heads] float32
-    torch::Tensor v_scale,
-    torch::Tensor block_tables,  // [D, max_blocks] int64
-    torch::Tensor context_lens,  // [D] int64
+at::Tensor paged_decode_int8(
+    at::Tensor q,             // [D, heads, head_dim] float32
+    at::Tensor k_cache,       // [num_blocks, block_size, kv_heads, head_dim] int8
+    at::Tensor v_cache,
+    at::Tensor k_scale,       // [num_blocks, block_size, kv_heads] float32
+    at::Tensor v_scale,
+    at::Tensor block_tables,  // [D, max_blocks] int64
+    at::Tensor context_lens,  // [D] int64
     double scale,
     int64_t window) {
-  TORCH_CHECK(k_cache.scalar_type() == torch::kInt8 && v_cache.scalar_type() == torch::kInt8);
+  TORCH_CHECK(k_cache.scalar_type() == at::kChar && v_cache.scalar_type() == at::kChar);
   TORCH_CHECK(k_scale.is_contiguous() && v_scale.is_contiguous());
-  TORCH_CHECK(k_scale.scalar_type() == torch::kFloat32 && v_scale.scalar_type() == torch::kFloat32);
+  TORCH_CHECK(k_scale.scalar_type() == at::kFloat && v_scale.scalar_type() == at::kFloat);
   return decode<int8_t>(q, k_cache, v_cache, k_scale.data_ptr<float>(),
                         v_scale.data_ptr<float>(), block_tables, context_lens, scale, window);
 }

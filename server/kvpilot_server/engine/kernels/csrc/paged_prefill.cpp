@@ -247,18 +247,16 @@ void attend(const float* qp, const float* kc, const float* vc, float* op, const 
 
 }  // namespace
 
-void paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                   torch::Tensor block_tables, torch::Tensor rows, torch::Tensor lens,
-                   torch::Tensor context_lens, double scale, int64_t window, torch::Tensor out) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.stride(2) == 1 &&
-                  q.stride(1) == q.size(2),
-              "q: float32 [N, heads, head_dim], each row's heads contiguous");
-  TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() &&
-                  out.scalar_type() == torch::kFloat32,
+void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
+                   at::Tensor rows, at::Tensor lens, at::Tensor context_lens, double scale,
+                   int64_t window, at::Tensor out) {
+  TORCH_CHECK(
+      q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == q.size(2),
+      "q: float32 [N, heads, head_dim], each row's heads contiguous");
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() && out.scalar_type() == at::kFloat,
               "out: contiguous float32, q's shape");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  k_cache.scalar_type() == torch::kFloat32 &&
-                  v_cache.scalar_type() == torch::kFloat32,
+                  k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat,
               "the caches: contiguous float32");
   const auto tables = block_tables.contiguous();
   const auto rp = rows.contiguous(), lp = lens.contiguous(), cp = context_lens.contiguous();

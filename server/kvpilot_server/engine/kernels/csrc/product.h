@@ -1,7 +1,7 @@
 // What every decode-sized product in this directory shares: output rows split across OpenMP
 // threads, up to kRows input rows against each weight row so the weights are read once.
 #pragma once
-#include <torch/extension.h>
+#include "kernels.h"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -63,8 +63,8 @@ inline void prefetch_l2(const void* start, int64_t bytes) {
 // int4 scales and minimums are stored as float16 (as GGUF's Q4_1 stores them): raw bits here.
 inline float half(const uint16_t* p, int64_t i) { return _cvtsh_ss(p[i]); }
 
-inline const uint16_t* half_bits(const torch::Tensor& t) {
-  TORCH_CHECK(t.scalar_type() == torch::kHalf && t.is_contiguous(), "a contiguous float16 tensor");
+inline const uint16_t* half_bits(const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kHalf && t.is_contiguous(), "a contiguous float16 tensor");
   return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>());
 }
 
@@ -74,9 +74,9 @@ constexpr int kRows = 8;  // input rows per pass: 8 accumulators + 2 weight regi
 // sums)` gives R consecutive input rows' results for output row o (R a compile-time count so
 // the accumulators stay in registers).
 template <typename Dot>
-torch::Tensor product(const Dot& dot, int64_t rows, int64_t out, const torch::Tensor& like,
-                      const c10::optional<torch::Tensor>& bias) {
-  auto y = torch::empty({rows, out}, like.options());
+at::Tensor product(const Dot& dot, int64_t rows, int64_t out, const at::Tensor& like,
+                   const c10::optional<at::Tensor>& bias) {
+  auto y = at::empty({rows, out}, like.options());
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
 #pragma omp parallel for schedule(static)
@@ -101,16 +101,15 @@ torch::Tensor product(const Dot& dot, int64_t rows, int64_t out, const torch::Te
 }
 
 // A float32 product's bias as a contiguous [out] (kept alive by the caller), or none.
-inline c10::optional<torch::Tensor> checked_bias(const c10::optional<torch::Tensor>& bias,
-                                                 int64_t out) {
+inline c10::optional<at::Tensor> checked_bias(const c10::optional<at::Tensor>& bias, int64_t out) {
   if (!bias.has_value()) return c10::nullopt;
   auto b = bias->contiguous();
-  TORCH_CHECK(b.scalar_type() == torch::kFloat32 && b.numel() == out, "bias: float32 [out]");
+  TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == out, "bias: float32 [out]");
   return b;
 }
 
-inline torch::Tensor rows_of(const torch::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: 2-D float32");
+inline at::Tensor rows_of(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x: 2-D float32");
   return x.contiguous();
 }
 

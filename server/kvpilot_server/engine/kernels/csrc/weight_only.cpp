@@ -115,8 +115,8 @@ struct WidenedDot {
 };
 
 template <typename W>
-torch::Tensor matmul(const W& w, const torch::Tensor& x_in, int64_t out,
-                     const c10::optional<torch::Tensor>& bias) {
+at::Tensor matmul(const W& w, const at::Tensor& x_in, int64_t out,
+                  const c10::optional<at::Tensor>& bias) {
   auto x = rows_of(x_in);
   const WidenedDot<W> dot{w, x.data_ptr<float>(), x.size(1), out};
   return product(dot, x.size(0), out, x, bias);
@@ -173,8 +173,8 @@ struct Int4Dot {
   }
 };
 
-torch::Tensor matmul_int4(const Int4Weights& w, const torch::Tensor& x_in, int64_t out,
-                          const c10::optional<torch::Tensor>& bias) {
+at::Tensor matmul_int4(const Int4Weights& w, const at::Tensor& x_in, int64_t out,
+                       const c10::optional<at::Tensor>& bias) {
   auto x = rows_of(x_in);
   const int64_t rows = x.size(0);
   // Each row's sum over each group of inputs: the minimum's share of every output.
@@ -184,9 +184,10 @@ torch::Tensor matmul_int4(const Int4Weights& w, const torch::Tensor& x_in, int64
 }
 
 template <typename W>
-void expand(const W& w, int64_t out, int64_t in, torch::Tensor& dense) {
-  TORCH_CHECK(dense.scalar_type() == torch::kFloat32 && dense.is_contiguous() &&
-                  dense.numel() == out * in, "dense: contiguous float32 [out, in]");
+void expand(const W& w, int64_t out, int64_t in, at::Tensor& dense) {
+  TORCH_CHECK(
+      dense.scalar_type() == at::kFloat && dense.is_contiguous() && dense.numel() == out * in,
+      "dense: contiguous float32 [out, in]");
   float* dp = dense.data_ptr<float>();
 #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < out; ++o) {
@@ -203,15 +204,15 @@ void expand(const W& w, int64_t out, int64_t in, torch::Tensor& dense) {
   }
 }
 
-Int8Weights int8_weights(const torch::Tensor& q, const torch::Tensor& scale) {
-  TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.is_contiguous(), "q: contiguous int8");
-  TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.numel() == q.size(0), "scale");
+Int8Weights int8_weights(const at::Tensor& q, const at::Tensor& scale) {
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.is_contiguous(), "q: contiguous int8");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == q.size(0), "scale");
   return {q.data_ptr<int8_t>(), scale.data_ptr<float>(), q.size(1)};
 }
 
-Int4Weights int4_weights(const torch::Tensor& q, const torch::Tensor& scale,
-                         const torch::Tensor& minimum, int64_t group) {
-  TORCH_CHECK(q.scalar_type() == torch::kUInt8 && q.is_contiguous(), "q: contiguous uint8");
+Int4Weights int4_weights(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& minimum,
+                         int64_t group) {
+  TORCH_CHECK(q.scalar_type() == at::kByte && q.is_contiguous(), "q: contiguous uint8");
   const int64_t in = q.size(1) * 2;
   TORCH_CHECK(group % 16 == 0 && in % group == 0, "group: a multiple of 16 dividing in");
   const int64_t groups = q.size(0) * (in / group);
@@ -235,9 +236,9 @@ Int4Weights int4_weights(const torch::Tensor& q, const torch::Tensor& scale,
 constexpr int64_t kWideRows = 4;
 
 template <int R>
-torch::Tensor float32_wide(const torch::Tensor& x, const torch::Tensor& w, const float* bias) {
+at::Tensor float32_wide(const at::Tensor& x, const at::Tensor& w, const float* bias) {
   const int64_t out = w.size(0), in = w.size(1);
-  auto y = torch::empty({R, out}, x.options());
+  auto y = at::empty({R, out}, x.options());
   const float* wp = w.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -272,9 +273,9 @@ torch::Tensor float32_wide(const torch::Tensor& x, const torch::Tensor& w, const
 constexpr int64_t kWideRows = 4;
 
 template <int R>
-torch::Tensor float32_wide(const torch::Tensor& x, const torch::Tensor& w, const float* bias) {
+at::Tensor float32_wide(const at::Tensor& x, const at::Tensor& w, const float* bias) {
   const int64_t out = w.size(0), in = w.size(1), body = in / 16 * 16;
-  auto y = torch::empty({R, out}, x.options());
+  auto y = at::empty({R, out}, x.options());
   const float* wp = w.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -302,16 +303,16 @@ torch::Tensor float32_wide(const torch::Tensor& x, const torch::Tensor& w, const
 
 }  // namespace
 
-torch::Tensor float32_linear(torch::Tensor x, torch::Tensor w,
-                             c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.is_contiguous(), "w: contiguous float32");
+at::Tensor float32_linear(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous(), "w: contiguous float32");
   TORCH_CHECK(x.size(1) == w.size(1), "x and w: in features differ");
   if (x.size(0) <= kWideRows) {
     auto xc = rows_of(x);
     const auto b = checked_bias(bias, w.size(0));
     const float* bp = b ? b->data_ptr<float>() : nullptr;
     switch (xc.size(0)) {
-      case 0: return torch::empty({0, w.size(0)}, x.options());
+      case 0:
+        return at::empty({0, w.size(0)}, x.options());
       case 1: return float32_wide<1>(xc, w, bp);
       case 2: return float32_wide<2>(xc, w, bp);
       case 3: return float32_wide<3>(xc, w, bp);
@@ -321,24 +322,23 @@ torch::Tensor float32_linear(torch::Tensor x, torch::Tensor w,
   return matmul(Float32Weights{w.data_ptr<float>(), w.size(1)}, x, w.size(0), bias);
 }
 
-torch::Tensor int8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
-                          c10::optional<torch::Tensor> bias) {
+at::Tensor int8_linear(at::Tensor x, at::Tensor q, at::Tensor scale,
+                       c10::optional<at::Tensor> bias) {
   TORCH_CHECK(x.size(1) == q.size(1), "x and q: in features differ");
   return matmul(int8_weights(q, scale), x, q.size(0), bias);
 }
 
-torch::Tensor int4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale,
-                          torch::Tensor minimum, int64_t group,
-                          c10::optional<torch::Tensor> bias) {
+at::Tensor int4_linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor minimum,
+                       int64_t group, c10::optional<at::Tensor> bias) {
   TORCH_CHECK(x.size(1) == q.size(1) * 2, "x and q: in features differ");
   return matmul_int4(int4_weights(q, scale, minimum, group), x, q.size(0), bias);
 }
 
-void int8_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor dense) {
+void int8_dequantize(at::Tensor q, at::Tensor scale, at::Tensor dense) {
   expand(int8_weights(q, scale), q.size(0), q.size(1), dense);
 }
 
-void int4_dequantize(torch::Tensor q, torch::Tensor scale, torch::Tensor minimum,
-                     int64_t group, torch::Tensor dense) {
+void int4_dequantize(at::Tensor q, at::Tensor scale, at::Tensor minimum, int64_t group,
+                     at::Tensor dense) {
   expand(int4_weights(q, scale, minimum, group), q.size(0), q.size(1) * 2, dense);
 }
