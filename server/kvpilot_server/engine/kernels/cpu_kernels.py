@@ -2,8 +2,8 @@
 
 A server image carries the module prebuilt for a few instruction-set levels (`prebuild`, run by
 the Dockerfile into KVPILOT_CPU_KERNELS_DIR): a new pod then serves within seconds instead of
-compiling for a minute or more, and without the compiler's gigabytes on top of the model's inside
-its memory limit. The best level the CPU's flags allow is imported; a CPU that fits none (or a
+compiling first, and without the compiler's gigabytes on top of the model's inside its memory
+limit. The best level the CPU's flags allow is imported; a CPU that fits none (or a
 checkout without the directory) builds the module once with the machine's C++ compiler and
 -march=native, as before.
 
@@ -98,7 +98,7 @@ def _load() -> ModuleType | None:
                 log.warning("CPU kernels prebuilt for %s do not load (%s)", level.name, exc)
         else:
             log.warning("CPU kernels: none of %s fits this CPU", sorted(present) or "(none)")
-    log.info("CPU kernels: compiling for this CPU (-march=native), once; a minute or more")
+    log.info("CPU kernels: compiling for this CPU (-march=native), once; this takes a while")
     try:
         module = build(NAME, ("-march=native",))
     except Exception as exc:  # no compiler, no ninja, unsupported platform: use PyTorch's ops
