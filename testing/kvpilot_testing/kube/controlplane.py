@@ -181,7 +181,7 @@ class ControlPlane:
         and still be empty or half written, so wait until it loads."""
         try:
             ssl.create_default_context(cafile=str(self.ca))
-        except (OSError, ssl.SSLError):  # missing, or not yet a whole certificate
+        except OSError:  # missing, or not yet a whole one (ssl.SSLError is an OSError)
             return False
         return True
 

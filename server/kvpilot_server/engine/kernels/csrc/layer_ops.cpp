@@ -94,8 +94,8 @@ at::Tensor rotate(at::Tensor x, at::Tensor cos, at::Tensor sin) {
 // through e^x = 1 / e^-x elsewhere, so that no exponential overflows. The exp may differ from
 // PyTorch's in the last bit.
 at::Tensor silu_mul(at::Tensor gate_up) {
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kFloat && gate_up.stride(1) == 1 &&
-                  gate_up.size(1) % 2 == 0,
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kFloat &&
+                  gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
               "gate_up: [rows, 2 * width] float32, the last dimension contiguous");
   const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2, stride = gate_up.stride(0);
   auto out = at::empty({rows, width}, gate_up.options());
