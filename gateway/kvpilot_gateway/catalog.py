@@ -190,19 +190,20 @@ class Catalog:
         return found
 
     def listed(self) -> list[tuple[str, Model]]:
-        """(the name that finds it, model) for every model the policy lets serve: its served
-        name where it owns that, else namespace-qualified."""
+        """(the name that finds it, model) for every model a name finds: its served name where
+        it owns that, else namespace-qualified; one that neither finds (a reservation keeps
+        both from it) is not listed."""
         out = []
         for model in sorted(self.models.values(), key=lambda m: m.key):
             for entry in served_entries(model):
-                if not self.policy.allowed(entry):
-                    continue
-                try:
-                    found = self.resolve(entry.served)
-                    owns = (found.key, found.adapter) == (entry.key, entry.adapter)
-                except ModelNotFoundError:
-                    owns = False
-                out.append((entry.served if owns else entry.qualified, entry))
+                for name in (entry.served, entry.qualified):
+                    try:
+                        found = self.resolve(name)
+                    except ModelNotFoundError:
+                        continue
+                    if (found.key, found.adapter) == (entry.key, entry.adapter):
+                        out.append((name, entry))
+                        break
         return out
 
     def endpoints(self, key: Key) -> list[str]:

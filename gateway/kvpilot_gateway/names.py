@@ -3,16 +3,24 @@
 A request's `model` can be read two ways: as a served name (`meta-llama/Llama-3` is a name the
 CRD allows, and Hugging Face's names look like it) and, when it holds a `/`, as
 `namespace/served name` split at the first `/`. A tenant must not be able to take another's
-traffic, nor make it unreachable, by naming a namespace after an organisation or by deploying
-a duplicate. So every ModelDeployment either reading names is a candidate, and:
+traffic, nor make it unreachable, by spelling another namespace in a served name or by
+deploying a duplicate. So:
 
 1. a name the platform team reserved (`--reserve PATTERN=NAMESPACE,...`) counts only in the
-   namespaces it was reserved for; in any other namespace it is not served at all;
-2. a candidate that can never answer (zero replicas and autoscaling off) drops out, so a
+   namespaces it was reserved for; in any other namespace it is not served at all. A pattern
+   is matched against the name as the request spells it, so `meta-llama/*` also keeps a
+   namespace called `meta-llama` from answering `meta-llama/Llama-3` with its `Llama-3`;
+2. the qualified reading wins: when the namespace it names serves the rest, only that
+   namespace's models are candidates. A served name costs nothing to choose, a namespace is
+   granted by the cluster's RBAC, so the namespace is the stronger claim: a tenant serving
+   `alpha/newmodel` from `beta` cannot take `alpha`'s traffic, whichever was created first;
+   it stays reachable as `beta/alpha/newmodel`, and as `alpha/newmodel` only until `alpha`
+   serves `newmodel`. Without a qualified candidate, every model serving the exact name is;
+3. a candidate that can never answer (zero replicas and autoscaling off) drops out, so a
    duplicate left at zero cannot make a name unreachable;
-3. candidates in the gateway's preferred namespaces (`--prefer-namespace`, in the order given)
+4. candidates in the gateway's preferred namespaces (`--prefer-namespace`, in the order given)
    win over the rest;
-4. of what remains, the oldest ModelDeployment keeps the name: one created later, ready or
+5. of what remains, the oldest ModelDeployment keeps the name: one created later, ready or
    not, can neither take it nor make it ambiguous. The others stay reachable as
    `namespace/served name`.
 """
@@ -38,9 +46,11 @@ class Policy:
     reserved: tuple[tuple[str, frozenset[str]], ...] = ()
     prefer: tuple[str, ...] = ()
 
-    def allowed(self, model: Named) -> bool:
-        """May this namespace serve this name? Names no reservation matches are open to all."""
-        owners = [ns for pattern, ns in self.reserved if fnmatch.fnmatchcase(model.served, pattern)]
+    def allowed(self, model: Named, spelled: str | None = None) -> bool:
+        """May this namespace answer to this name, spelled as a request spells it (its served
+        name unless told)? Names no reservation matches are open to all."""
+        name = model.served if spelled is None else spelled
+        owners = [ns for pattern, ns in self.reserved if fnmatch.fnmatchcase(name, pattern)]
         return not owners or any(model.namespace in ns for ns in owners)
 
 
@@ -63,18 +73,25 @@ def readings(requested: str) -> tuple[str, tuple[str, str] | None]:
 
 
 def candidates(requested: str, models: Iterable[Named], policy: Policy) -> list[Named]:
-    """Every model one of the readings names and the policy lets serve (rule 1)."""
+    """The models that may answer (rules 1 and 2): those of the qualified reading if there are
+    any, else those serving the exact name."""
     exact, qualified = readings(requested)
-    return [
-        m
-        for m in models
-        if (m.served == exact or (qualified is not None and (m.namespace, m.served) == qualified))
-        and policy.allowed(m)
-    ]
+    models = list(models)
+    if qualified is not None:
+        found = [
+            m
+            for m in models
+            if (m.namespace, m.served) == qualified
+            and policy.allowed(m)
+            and policy.allowed(m, requested)
+        ]
+        if found:
+            return found
+    return [m for m in models if m.served == exact and policy.allowed(m)]
 
 
 def owner(found: Sequence[Named], prefer: Sequence[str]) -> Named | None:
-    """The one candidate that answers (rules 2 to 4); None when there is none. A lone model
+    """The one candidate that answers (rules 3 to 5); None when there is none. A lone model
     that cannot answer is still its name's owner: its clients learn why (503), not 404."""
     answering = [m for m in found if m.replicas > 0 or m.autoscaling] or list(found)
     if not answering:

@@ -12,22 +12,45 @@ from tests.gateway.objects import md
 EARLY, LATE = "2026-11-01T00:00:00Z", "2026-11-20T00:00:00Z"
 
 
-def test_a_served_name_with_a_slash_is_found_and_a_namespace_named_like_it_cannot_take_it():
+def test_a_served_name_with_a_slash_is_found_until_the_namespace_it_spells_serves_the_rest():
     catalog = Catalog()
     catalog.set_model(md("team-a", "llama", served="meta-llama/Llama-3", created=EARLY))
     assert catalog.resolve("meta-llama/Llama-3").namespace == "team-a"
     assert catalog.resolve("team-a/meta-llama/Llama-3").namespace == "team-a"
-    # The attacker's namespace is named after the organisation and serves the rest.
-    catalog.set_model(md("meta-llama", "grab", served="Llama-3", created=LATE))
+    # A namespace is granted by the cluster's RBAC, a served name by nobody: the namespace
+    # that the qualified reading names answers, though created later.
+    catalog.set_model(md("meta-llama", "llama", served="Llama-3", created=LATE))
+    assert catalog.resolve("meta-llama/Llama-3").key == ("meta-llama", "llama")
+    assert catalog.resolve("team-a/meta-llama/Llama-3").namespace == "team-a"  # still reachable
+    assert [name for name, _ in catalog.listed()] == ["Llama-3", "team-a/meta-llama/Llama-3"]
+
+
+def test_a_reservation_keeps_an_organisation_named_namespace_from_its_qualified_spelling():
+    catalog = Catalog(Policy(reserved=parse_reservations(["meta-llama/*=team-a"])))
+    catalog.set_model(md("team-a", "llama", served="meta-llama/Llama-3", created=LATE))
+    catalog.set_model(md("meta-llama", "grab", served="Llama-3", created=EARLY))
     assert catalog.resolve("meta-llama/Llama-3").key == ("team-a", "llama")
     assert catalog.resolve("Llama-3").namespace == "meta-llama"  # its own name it keeps
     assert [name for name, _ in catalog.listed()] == ["Llama-3", "meta-llama/Llama-3"]
 
 
-def test_a_served_name_spelling_another_namespace_cannot_take_its_qualified_traffic():
+@pytest.mark.parametrize("order", ["squatter first", "owner first"])
+def test_a_served_name_spelling_another_namespace_cannot_take_its_qualified_traffic(order):
     catalog = Catalog()
-    catalog.set_model(md("team-a", "chat", created=EARLY))
-    catalog.set_model(md("evil", "squat", served="team-a/chat", created=LATE))
+    squat = md("evil", "squat", served="team-a/chat", created=EARLY)
+    owner = md("team-a", "chat", created=LATE)
+    for m in (squat, owner) if order == "squatter first" else (owner, squat):
+        catalog.set_model(m)
+    assert catalog.resolve("team-a/chat").key == ("team-a", "chat")
+    assert catalog.resolve("evil/team-a/chat").key == ("evil", "squat")
+    # Nor with an adapter of that name: the owner's namespace wins over it too.
+    adapter = md("evil", "base", served="base", created=EARLY)
+    adapter["spec"]["adapters"] = [{"name": "team-a/chat", "source": "local:///a"}]
+    catalog.set_model(adapter)
+    found = catalog.resolve("team-a/chat")
+    assert (found.key, found.adapter) == (("team-a", "chat"), None)
+    # Owner at zero and not waking: its clients learn why (503), the squatter gets nothing.
+    catalog.set_model(md("team-a", "chat", replicas=0, autoscaling=False, created=LATE))
     assert catalog.resolve("team-a/chat").key == ("team-a", "chat")
 
 
