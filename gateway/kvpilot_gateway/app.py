@@ -57,7 +57,7 @@ class State:
     ) -> None:
         self.settings, self.client = settings, client
         self.catalog = Catalog(settings.names)
-        self.bodies = BodyBudget(settings.max_held_bytes)
+        self.bodies = BodyBudget(settings.max_held_bytes, settings.max_held_bytes_per_tenant)
         self.loads = Loads()
         self.balancer = Balancer(settings.routing, settings.load_factor)
         self.metrics = GatewayMetrics()
@@ -87,7 +87,7 @@ def build_app(state: State) -> Starlette:
         state.in_flight += 1
         response: Response | Passthrough | None = None
         try:
-            with state.bodies.lease() as lease:
+            with state.bodies.lease(_holder(request)) as lease:
                 try:
                     wanted = await _read(request, lease)
                     model = catalog.resolve(wanted.model)
@@ -115,7 +115,9 @@ def build_app(state: State) -> Starlette:
                 state.in_flight -= 1
 
     async def _read(request: Request, lease: Lease) -> target.Target:
-        body = await read_body(request, settings.body_timeout, reserve=lease.add)
+        body = await read_body(
+            request, settings.body_timeout, target.MAX_CLIENT_BODY_BYTES, reserve=lease.add
+        )
         chars = settings.prefix_chars if settings.routing == "prefix-load" else None
         with lease.borrowed(target.parse_cost(body)):
             return target.parse(body, chars)
@@ -277,6 +279,17 @@ def build_app(state: State) -> Starlette:
             *status_routes(state),
         ],
     )
+
+
+def _holder(request: Request) -> str:
+    """Whose share of the body budget a request takes: its tenant, or without API keys, the
+    address it came from (behind a proxy, every client of that proxy shares one: a gateway
+    open to several parties has keys)."""
+    tenant = caller(request).tenant
+    if tenant:
+        return tenant
+    client = request.scope.get("client")
+    return "address " + (client[0] if client else "unknown")
 
 
 def _refused(exc: KvpilotError) -> Response:

@@ -26,13 +26,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot_common.errors import InvalidRequestError
+from kvpilot_common.http.limits import MAX_BODY_BYTES
+from kvpilot_gateway import resume
 from kvpilot_gateway.balance import prefix_key
+
+# A replica reads bodies up to MAX_BODY_BYTES, and the gateway appends fields of its own (the
+# served name, return_token_ids: resume.with_fields()): a client's body leaves them this much room,
+# so that what the client could send is what the replica accepts.
+FORWARDING_ROOM = 1 << 10
+MAX_CLIENT_BODY_BYTES = MAX_BODY_BYTES - FORWARDING_ROOM
+CONTINUE = "kvpilot_continue"  # the gateway's own field: a takeover of a broken stream
 
 # The keys prefix_key() and the model lookup read, at any depth; every other key is dropped as
 # its object is parsed.
 ROUTING_KEYS = frozenset(
     {"model", "messages", "prompt", "role", "content", "type", "text"}
     | {"stream", "n", "return_token_ids"}  # whether a stream can resume elsewhere (resume.py)
+    | {CONTINUE}  # refused from a client
 )
 # A \uD800-\uDFFF escape whose backslash is not itself escaped; group 1: its four hex digits.
 _SURROGATE = re.compile(rb"(?<!\\)(?:\\\\)*\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
@@ -113,6 +123,14 @@ def parse(body: bytes, prefix_chars: int | None) -> Target:
         parsed = {}  # an object with none of the routing keys
     if not isinstance(parsed, dict):
         raise InvalidRequestError("Request body must be a JSON object")
+    if CONTINUE in parsed:
+        # The gateway sends its secret with every request: passed on, the client's own
+        # continuation would be taken as the gateway's (token ids and an id it chose).
+        raise InvalidRequestError(
+            f"{CONTINUE} is the gateway's own field, for a stream it moves to another replica; "
+            "a client cannot send it",
+            CONTINUE,
+        )
     model = parsed.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequestError("model: a model name is required", "model")
@@ -123,9 +141,10 @@ def parse(body: bytes, prefix_chars: int | None) -> Target:
 
 def renamed(target: Target, served: str) -> Target:
     """The same request under the name the replica answers to (a namespace-qualified request:
-    the replica knows only its served name). Parsed again, in full: rare (the name is
-    ambiguous), and nothing is kept."""
+    the replica knows only its served name): the name appended by resume.with_fields(), not
+    the body parsed and written again (which cost twice a body's size in Python objects, and
+    grew a body of non-ASCII text past the replica's limit by escaping it)."""
     if target.model == served:
         return target
-    body = json.dumps({**json.loads(target.body), "model": served}).encode()
+    body = resume.with_fields(target.body, {"model": served})
     return dataclasses.replace(target, model=served, body=body)

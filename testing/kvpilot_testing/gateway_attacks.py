@@ -11,6 +11,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
+
 from kvpilot_testing.raw_http import Status, address, read_status, send_until_answered
 
 CHUNK = 1 << 16
@@ -144,3 +146,84 @@ def dripping_body(base: str, seconds: float) -> socket.socket:
 
     threading.Thread(target=drip, daemon=True).start()
     return sock
+
+
+def _drip(sock: socket.socket, every: float, seconds: float) -> None:
+    """A byte every `every` s, on a thread, for at most `seconds` (or until the socket fails)."""
+
+    def drip() -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(every)
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                return
+
+    threading.Thread(target=drip, daemon=True).start()
+
+
+def starved_victim(
+    base: str, model: str, attacker_keys: list[str], victim_key: str, per_key: int, tries: int
+) -> dict:
+    """The body budget starved: per attacker key, `per_key` connections each send a body of
+    4 MiB less 2 KiB (of one declared 4 MiB less 1.5 KiB, under every limit), then a byte a
+    second. Meanwhile the victim sends a 20 KB chat, `tries`
+    times a second apart. Its statuses, and the attackers' (held: still reading the body)."""
+    size = (4 << 20) - (2 << 10)
+    socks: list[socket.socket] = []
+    try:
+        for key in attacker_keys:
+            for _ in range(per_key):
+                head = (
+                    f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {size + 512}\r\n\r\n"
+                ).encode()
+                sock = socket.create_connection(address(base), timeout=10)
+                socks.append(sock)
+                with contextlib.suppress(OSError):  # refused mid-body: its answer is read below
+                    sock.sendall(head + b" " * size)
+                    _drip(sock, 1.0, seconds=tries + 10)
+        time.sleep(0.5)  # the gateway has taken in what it was sent
+        # 20 KB, as a chat with a long history is, yet a prompt any model's context holds:
+        # most of it the whitespace JSON allows between values.
+        chat = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}]})
+        body = (chat[:-1] + " " * 20_000 + ', "max_tokens": 1}').encode()
+        victim = []
+        for _ in range(tries):
+            answer = httpx.post(
+                f"{base}/v1/chat/completions",
+                content=body,
+                headers={
+                    "Authorization": f"Bearer {victim_key}",
+                    "Content-Type": "application/json",
+                },
+                timeout=30,
+            )
+            victim.append(answer.status_code)
+            if answer.status_code != 200:
+                print("victim:", answer.text[:300])
+            time.sleep(1)
+        attackers = [read_status(s, 0.2)[0] if _answered(s) else "held" for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+    return {"victim": victim, "attackers": attackers}
+
+
+def slow_body(
+    base: str, path: str, sent: int, every: float, seconds: float, key: str = ""
+) -> tuple[Status, float]:
+    """A body of which `sent` bytes come at once and then a byte every `every` s, never silent
+    for long: (the status, seconds from the first byte until it came), SILENT after `seconds`."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Length: {sent + 100_000}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(address(base), timeout=10) as sock:
+        start = time.monotonic()
+        sock.sendall(head + b" " * sent)
+        _drip(sock, every, seconds)
+        status, _ = read_status(sock, seconds)
+        return status, time.monotonic() - start

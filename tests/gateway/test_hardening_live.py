@@ -1,7 +1,7 @@
 """The gateway attacked as a tenant with nothing but HTTP and a namespace of its own would attack
 it, live: the real `kvpilot gateway` on the real control plane, real `kvpilot serve` replicas.
 Each test is one finding of the red-team pass that it once fell to: traffic taken by a
-namespace named after an organisation, headers and held bodies without bounds, a drain that
+served name spelling another namespace, headers and held bodies without bounds, a drain that
 did not end, a silent replica holding its client forever, a deleted model's requests waiting
 out the hold, bodies that were 500s."""
 
@@ -61,34 +61,37 @@ def _ready(gateway, name: str) -> None:
     wait_for(f"{name} to be ready at the gateway", ready, timeout=120, interval=0.3)
 
 
-def test_a_namespace_named_after_an_organisation_cannot_take_its_traffic(live, kube, tiny_dir):
-    org = f"acme-{os.getpid()}-{len(live.cluster.ns)}"
-    create_namespace(kube.plane, org)
-    attacker = Cluster(kube.plane, org, kube.operator_kubeconfig)
+def test_a_served_name_spelling_another_namespace_cannot_take_its_traffic(live, kube, tiny_dir):
+    """The squat: `beta` serves `alpha/llama` before `alpha` serves `llama`. Every request
+    for `alpha/llama` reaches alpha's replica; the squatter keeps only its qualified name."""
+    victim = live.cluster.ns
+    beta = f"beta-{os.getpid()}-{len(victim)}"
+    create_namespace(kube.plane, beta)
+    attacker = Cluster(kube.plane, beta, kube.operator_kubeconfig)
     # A second Node in the process: its servers' addresses must differ from the first's.
     node = Node(attacker, *serve_tiny(tiny_dir("llama")))
     node.start(interval=0.2)
     try:
-        _model(live.cluster, "llama", served=f"{org}/llama", replicas=1)
-        _pod(live.cluster, "llama", f"{org}/llama")
-        time.sleep(1.1)  # creation times have whole seconds: the attacker's is later
-        _model(attacker, "grab", served="llama", replicas=1)
-        _pod(attacker, "grab", "llama")
-        gateway = live.gateway("--namespace", org)
-        _ready(gateway, f"{org}/llama")
+        _model(attacker, "grab", served=f"{victim}/llama", replicas=1)
+        _pod(attacker, "grab", f"{victim}/llama")
+        gateway = live.gateway("--namespace", beta)
+        _ready(gateway, f"{victim}/llama")  # the squatter's, while alpha serves nothing
+        time.sleep(1.1)  # creation times have whole seconds: the victim's is later
+        _model(live.cluster, "llama", replicas=1)
+        _pod(live.cluster, "llama", "llama")
         _ready(gateway, "llama")
         assert not set(node.addresses()) & set(live.node.addresses())
-        for name in (f"{org}/llama", f"{live.cluster.ns}/{org}/llama"):
-            body = {"model": name, "prompt": "The river", "max_tokens": 2}
+        answered = []
+        for _ in range(10):
+            body = {"model": f"{victim}/llama", "prompt": "The river", "max_tokens": 1}
             answer = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=60)
             assert answer.status_code == 200, answer.text
-            assert answer.json()["model"] == f"{org}/llama"  # the owner's replica answered
-        answer = httpx.post(
-            f"{gateway.url}/v1/completions",
-            json={"model": "llama", "prompt": "x", "max_tokens": 1},
-            timeout=60,
-        )
-        assert answer.json()["model"] == "llama"  # the attacker keeps only its own name
+            answered.append(answer.json()["model"])
+        print(json.dumps({"victim_share": answered.count("llama") / len(answered)}))
+        assert answered == ["llama"] * 10  # the victim's replica, by its served name
+        squat = {"model": f"{beta}/{victim}/llama", "prompt": "x", "max_tokens": 1}
+        answer = httpx.post(f"{gateway.url}/v1/completions", json=squat, timeout=60)
+        assert answer.json()["model"] == f"{victim}/llama"  # the squatter, under its own name
     finally:
         # Gone before its namespace: an operator watching every namespace (the next test's)
         # must not find a ModelDeployment left in a namespace that is being deleted.
@@ -100,7 +103,7 @@ def test_a_namespace_named_after_an_organisation_cannot_take_its_traffic(live, k
         node.stop()
         attacker.close()
         with kube.plane.client() as http:
-            http.delete(f"/api/v1/namespaces/{org}")
+            http.delete(f"/api/v1/namespaces/{beta}")
 
 
 def test_headers_are_bounded_in_size_and_time(live):
@@ -120,7 +123,9 @@ def test_headers_are_bounded_in_size_and_time(live):
 
 def test_held_bodies_are_bounded_in_bytes_and_keep_only_their_bytes(live):
     _model(live.cluster, "sleepy")  # at zero, and no operator runs to wake it: held it stays
-    gateway = live.gateway("--hold-timeout", "60")
+    # One client address, so one holder: its share is the whole budget here, whose bound this
+    # tests (the shares are test_body_budget_live.py's).
+    gateway = live.gateway("--hold-timeout", "60", "--max-held-bytes-per-tenant", str(32 << 20))
     pid = gateway.process.pid
     size = (4 << 20) - 4096
     held = gateway_attacks.held_bodies(gateway.url, pid, "sleepy", clients=12, size=size, hold=3)

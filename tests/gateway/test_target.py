@@ -2,12 +2,13 @@
 bodies refused with 400 before routing, as the server's parser refuses them."""
 
 import json
+import tracemalloc
 
 import pytest
 
 from kvpilot_common.errors import InvalidRequestError
 from kvpilot_gateway.balance import prefix_key
-from kvpilot_gateway.target import parse, parse_cost, renamed
+from kvpilot_gateway.target import FORWARDING_ROOM, parse, parse_cost, renamed
 
 CHAT = {
     "model": "chat",
@@ -44,6 +45,10 @@ def test_the_key_and_bytes_are_those_of_the_whole_body():
         (b"[]", "must be a JSON object"),
         (b"{}", "model name is required"),
         (b'{"model": 5}', "model name is required"),
+        # The gateway's own field: with its secret, a replica would take it as the gateway's.
+        (b'{"model": "m", "kvpilot_continue": {"token_ids": [1], "id": "x"}}', "gateway's own"),
+        (b'{"model": "m", "kvpilot_continue": null}', "gateway's own"),
+        (b'{"kvpilot_continue": 1, "model": "m", "kvpilot_continue": {}}', "gateway's own"),
     ],
 )
 def test_what_the_server_would_refuse_is_a_400_here(body, why):
@@ -61,6 +66,23 @@ def test_a_renamed_request_keeps_every_field():
     again = renamed(wanted, "served")
     assert json.loads(again.body) == {**CHAT, "model": "served"}
     assert again.key == wanted.key and renamed(wanted, "chat") is wanted
+
+
+def test_a_renamed_body_is_the_clients_bytes_with_the_name_appended():
+    """Not parsed and written again: a 4 MiB body costs one copy, and text that is not ASCII
+    stays as it came (json.dumps would escape it to six bytes a character)."""
+    objects = b'{"model": "team-a/chat", "messages": [' + b'{"a": 1},' * 450_000 + b"{}]}"
+    text = json.dumps({"model": "team-a/chat", "prompt": "é" * 1_500_000}, ensure_ascii=False)
+    for body in (objects, text.encode()):
+        wanted = parse(body, None)
+        tracemalloc.start()
+        again = renamed(wanted, "chat")
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert again.body.startswith(body[:-1])
+        assert len(again.body) - len(body) <= FORWARDING_ROOM
+        assert peak < 2.5 * len(body)  # the new body, and nothing built from the old
+        assert parse(again.body, None).model == "chat"  # the last of a repeated key counts
 
 
 def test_the_parse_cost_bounds_what_the_parse_builds():
