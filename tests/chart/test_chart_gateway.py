@@ -218,6 +218,7 @@ def test_network_policy_admits_clients_extra_peers_and_prometheus_on_its_port():
 def test_hardening_values_reach_the_command_line():
     gateway = {
         "maxHeldBytes": 1 << 20,
+        "maxHeldBytesPerTenant": 1 << 20,
         "headerTimeoutSeconds": 5,
         "bodyTimeoutSeconds": 7,
         "upstreamTimeoutSeconds": 900,
@@ -228,6 +229,7 @@ def test_hardening_values_reach_the_command_line():
     }
     args = _args(_container(objects(render({"gateway": gateway}))))
     assert (args.max_held_bytes, args.header_timeout, args.body_timeout) == (1 << 20, 5, 7)
+    assert args.max_held_bytes_per_tenant == 1 << 20
     assert (args.upstream_timeout, args.upstream_idle_timeout) == (900, 60)
     assert sorted(args.reserve) == ["*-prod=prod", "meta-llama/*=team-a,team-b"]
     assert args.prefer_namespace == ["prod", "staging"]
@@ -237,6 +239,8 @@ def test_hardening_values_reach_the_command_line():
     defaults = _args(_container(objects(render())))
     assert (defaults.reserve, defaults.prefer_namespace, defaults.trusted_proxy) == ([], [], [])
     assert defaults.max_held_bytes == options.Settings().max_held_bytes
+    assert defaults.max_held_bytes_per_tenant is None  # the gateway's own default: a quarter
+    assert options.settings(defaults, []).max_held_bytes_per_tenant == 8 << 20
 
 
 @pytest.mark.parametrize(
