@@ -8,6 +8,7 @@ the gateway saw, so a replica's logs and rate limits see the real peer.
 """
 
 import ipaddress
+import re
 from collections.abc import Sequence
 
 from kvpilot_common import trust
@@ -32,6 +33,9 @@ HOP_HEADERS = frozenset(
     }
 )
 _TRUSTED = frozenset(h.encode() for h in trust.HEADERS)
+# A Host the gateway repeats in X-Forwarded-Host and Forwarded: a name or an address, and a
+# port (RFC 3986's reg-name, narrowed to DNS's letters; an IPv6 literal in brackets).
+_HOST = re.compile(rb"(?:[A-Za-z0-9_.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?")
 FORWARDING = frozenset(
     {b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"x-real-ip"}
 )
@@ -80,6 +84,8 @@ def to_replica(
     # A client's gateway secret and tenant never pass: the gateway sends its own (proxy.py).
     out = [(k, v) for k, v in kept if k.lower() not in FORWARDING and k.lower() not in _TRUSTED]
     host = next((v for k, v in headers if k.lower() == b"host"), b"")
+    if not _HOST.fullmatch(host):
+        host = b""  # not a host: a client's text, not copied twice into what the replica reads
     peer = peer or "unknown"
     chain = claimed.get(b"x-forwarded-for")
     out.append((b"x-forwarded-for", (chain + b", " if chain else b"") + peer.encode()))
@@ -89,11 +95,16 @@ def to_replica(
     if forwarded_host:
         out.append((b"x-forwarded-host", forwarded_host))
     element = f"for={_node(peer)};proto={scheme}".encode()
-    if host and b'"' not in host:
+    if host:
         element += b';host="' + host + b'"'
     earlier = claimed.get(b"forwarded")
     out.append((b"forwarded", (earlier + b", " if earlier else b"") + element))
     return out
+
+
+def size(headers: Headers) -> int:
+    """Bytes of the header lines, as the replica's limit counts them (name, ": ", value, CRLF)."""
+    return sum(len(k) + len(v) + 4 for k, v in headers)
 
 
 def from_gateway(caller: Caller, secret: str) -> Headers:

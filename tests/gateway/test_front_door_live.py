@@ -1,10 +1,13 @@
-"""The gateway's memory for request bodies cannot be taken by one tenant (budget.py), nor held
-by a body that comes a byte at a time (kvpilot_common/http/body.py): the real `kvpilot
-gateway` in front of a real `kvpilot serve`, attacked over raw sockets."""
+"""What a tenant sends the gateway cannot deny another tenant its service: the memory for
+request bodies cannot be taken by one tenant (budget.py), nor held by a body that comes a byte
+at a time (kvpilot_common/http/body.py), and what the gateway accepts its replica accepts too
+(headers.py). The real `kvpilot gateway` in front of a real `kvpilot serve`, its --backend,
+attacked over raw sockets where no client library would send the request."""
 
 import json
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from kvpilot_testing import gateway_attacks
@@ -51,3 +54,17 @@ def test_a_body_that_comes_a_byte_at_a_time_is_cut_at_the_minimum_rate(gateway):
     )
     print(json.dumps({"slow_body": [status, round(seconds, 2)]}))
     assert status == 408 and 4.5 < seconds < 8
+
+
+def test_what_the_gateway_accepts_in_headers_its_replica_accepts_too(gateway):
+    """A Host of 40 KB was copied into X-Forwarded-Host and Forwarded: 120 KB for the replica,
+    which answered 431. Not a host name, it is no longer copied; and headers that, with the
+    gateway's own, would pass the replica's limit are the gateway's 431, in the API's shape."""
+    url = f"{gateway.url}/v1/completions"
+    body = {"model": "tiny", "prompt": "The river", "max_tokens": 1}
+    auth = {"Authorization": f"Bearer {VICTIM}"}
+    answer = httpx.post(url, json=body, headers={**auth, "Host": "h" * 40_000}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    answer = httpx.post(url, json=body, headers={**auth, "X-Pad": "p" * 63_000}, timeout=30)
+    assert answer.status_code == 431
+    assert answer.json()["error"]["type"] == "invalid_request_error"
