@@ -10,6 +10,9 @@ from kvpilot_server.engine_args import add_engine_args
 # The names of api/tools/formats.FORMATS (kept equal by tests/server/api/tools): this module is
 # read before the server's dependencies are known to be installed.
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
+# Adapters loaded through the run-time routes, all tenants together and one tenant's: each holds
+# memory and a model name, which one key could otherwise take by the hundred (api/adapters.py).
+MAX_LOADED_ADAPTERS, MAX_ADAPTERS_PER_TENANT = 32, 8
 
 
 def add_generate_args(generate: argparse.ArgumentParser) -> None:
@@ -29,7 +32,7 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--served-model-name", help="model name clients use (default: --model)")
     serve.add_argument(
         "--api-key-file",
-        help="file of API keys, a line each, with optional name= rpm= tpm= weight= "
+        help="file of API keys, a line each, with optional name= rpm= tpm= weight= adapters= "
         "(docs/limits.md; also: KVPILOT_API_KEYS=key1,key2); reread when it changes; "
         "/health, /ready and /metrics stay open",
     )
@@ -64,10 +67,11 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--lora-modules",
         nargs="+",
+        action="extend",  # given twice, both lists: the last alone would drop adapters silently
         default=[],
         metavar="NAME=PATH",
         help="LoRA adapters (peft's files) to load at start, each served as model NAME; "
-        "implies --enable-lora",
+        "may be given more than once; implies --enable-lora",
     )
     serve.add_argument(
         "--lora-config",
@@ -85,6 +89,19 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
         "--lora-dir",
         help="the directory run-time adapter loads are confined to (a relative lora_path is "
         "taken from here)",
+    )
+    serve.add_argument(
+        "--max-loaded-adapters",
+        type=int,
+        default=MAX_LOADED_ADAPTERS,
+        help="adapters loaded at run time, all tenants together; more are refused with 400 "
+        "until one is unloaded (--lora-modules and --lora-config ones do not count)",
+    )
+    serve.add_argument(
+        "--max-adapters-per-tenant",
+        type=int,
+        default=MAX_ADAPTERS_PER_TENANT,
+        help="adapters one tenant (an API key's name=) may have loaded at run time",
     )
     serve.add_argument(
         "--drain-timeout",

@@ -51,6 +51,8 @@ def _lora_settings(args: argparse.Namespace) -> dict[str, str]:
 
     if args.allow_runtime_lora_updating != (args.lora_dir is not None):
         raise ConfigError("--allow-runtime-lora-updating and --lora-dir go together")
+    if min(args.max_loaded_adapters, args.max_adapters_per_tenant) < 0:
+        raise ConfigError("--max-loaded-adapters and --max-adapters-per-tenant are 0 or more")
     try:
         return parse_modules(args.lora_modules)
     except ValueError as exc:
@@ -77,6 +79,8 @@ def _serve(args: argparse.Namespace, engine, model: str, keys, lora_modules: dic
         gateway_secret=trust.secret_from_env(),
     )
     app = build_app(engine, settings)
+    app.state.adapters.max_loaded = args.max_loaded_adapters
+    app.state.adapters.max_per_tenant = args.max_adapters_per_tenant
     for name, path in lora_modules.items():
         asyncio.run(app.state.adapters.add(name, path))
         log.info("LoRA adapter %s loaded from %s", name, path)

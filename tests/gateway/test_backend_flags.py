@@ -60,14 +60,14 @@ def test_tokens_per_minute_limits_need_the_gateway_secret(monkeypatch):
     from kvpilot_common import trust
     from kvpilot_common.http.keys import KeyBook
 
-    book = KeyBook(env_value="sk-a, sk-b tpm=100")
+    book = KeyBook(env_value="sk-alpha-1, sk-bravo-1 tpm=100")
     monkeypatch.delenv(trust.ENV, raising=False)
     with pytest.raises(ValueError, match=f"tpm limits in the key file need \\${trust.ENV}"):
         settings(_args("--backend", "a=http://h:1"), book)
     monkeypatch.setenv(trust.ENV, "s")
     assert settings(_args("--backend", "a=http://h:1"), book).gateway_secret == "s"
     monkeypatch.delenv(trust.ENV)
-    assert settings(_args("--backend", "a=http://h:1"), KeyBook.of(["sk-a"])).api_keys
+    assert settings(_args("--backend", "a=http://h:1"), KeyBook.of(["sk-alpha-1"])).api_keys
 
 
 def test_a_reload_that_adds_tpm_without_the_secret_is_refused(tmp_path, monkeypatch):
@@ -77,9 +77,11 @@ def test_a_reload_that_adds_tpm_without_the_secret_is_refused(tmp_path, monkeypa
     monkeypatch.delenv(trust.ENV, raising=False)
     monkeypatch.setattr(keys, "RECHECK_S", 0.0)
     path = tmp_path / "keys.txt"
-    path.write_text("sk-a name=a rpm=5\n")
+    path.write_text("sk-alpha-1 name=a rpm=5\n")
     book = keys.KeyBook(str(path))
     settings(_args("--backend", "a=http://h:1"), book)
-    path.write_text("sk-a name=a rpm=5 tpm=100\nsk-b name=b\n")
+    path.write_text("sk-alpha-1 name=a rpm=5 tpm=100\nsk-bravo-1 name=b\n")
     os.utime(path, ns=(1, 1))
-    assert book.match(b"sk-a").tpm is None and book.match(b"sk-b") is None  # kept as it was
+    assert (
+        book.match(b"sk-alpha-1").tpm is None and book.match(b"sk-bravo-1") is None
+    )  # kept as it was

@@ -3,10 +3,12 @@ probes, /metrics and the API description (/openapi.json), the key's tenant, and 
 
 The keys and their tenants and limits are the key book's (http/keys.py), the limits' buckets
 http/rate_limit.py's. Each request's caller is left in the ASGI scope's state for the routes
-(`caller(request)`): the tenant the engine shares its capacity by, and what charges the tenant's
-tokens once the response's usage is known. A request that kvpilot's gateway forwards with its
-secret (kvpilot_common.trust) is for the tenant the gateway names, and is not limited again:
-the gateway limited it, across all replicas at once.
+(`caller(request)`): the tenant the engine shares its capacity by, what charges the tenant's
+tokens once the response's usage is known, and what the key may do with LoRA adapters at run
+time (`adapters`). A request that kvpilot's gateway forwards with its secret
+(kvpilot_common.trust) is for the tenant the gateway names, and is not limited again: the
+gateway limited it, across all replicas at once. It has no say over adapters (the gateway
+forwards no adapter route).
 """
 
 from collections.abc import Callable
@@ -17,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvpilot_common import trust
 from kvpilot_common.http.errors import error_response
-from kvpilot_common.http.keys import TENANT_NAME, Key, KeyBook, clamp_weight
+from kvpilot_common.http.keys import ADAPTERS_ALL, TENANT_NAME, Key, KeyBook, clamp_weight
 from kvpilot_common.http.rate_limit import RateLimits, Verdict, refusal_headers
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
@@ -30,9 +32,12 @@ class Caller:
     weight: float = 1.0
     charge: Callable[[int], None] | None = None  # None: no tokens-per-minute limit to charge
     trusted: bool = False  # forwarded by kvpilot's gateway, with its secret
+    adapters: str | None = None  # the key's `adapters=` (http/keys.py); None: no say over them
 
 
-ANONYMOUS = Caller()
+# No API keys: everyone is one tenant, and what the server's flags allow, everyone may (a
+# server started with --allow-runtime-lora-updating and no keys lets anyone load adapters).
+ANONYMOUS = Caller(adapters=ADAPTERS_ALL)
 
 
 def caller(request: Request) -> Caller:
@@ -72,7 +77,7 @@ class ApiKeyMiddleware:
         if forwarded is not None:
             who = forwarded
         elif key is not None:
-            who = Caller(key.tenant, key.weight or 1.0, self._charger(key))
+            who = Caller(key.tenant, key.weight or 1.0, self._charger(key), adapters=key.adapters)
             if self.limits is not None and (key.rpm or key.tpm):
                 verdict = self.limits.admit(key)
         else:

@@ -19,6 +19,7 @@ from kvpilot_common.errors import (
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     408: "timeout_error",
     413: "invalid_request_error",

@@ -3,25 +3,38 @@
 A source is --api-key-file (a line per key, `#` comments) or KVPILOT_API_KEYS (comma-separated
 entries). An entry is the key, then optional settings, separated by spaces:
 
-    sk-team-a-1  name=team-a  rpm=600  tpm=200000  weight=2
+    sk-team-a-1  name=team-a  rpm=600  tpm=200000  weight=2  adapters=own
 
+- the key itself: MIN_KEY_CHARS characters at least, and never shaped like a setting (`rpm=5`
+  first is a line whose key was forgotten, refused rather than taken as the key `rpm=5`).
 - `name`: the tenant the key belongs to (several keys may share one); the default is
   `key-` and the first hex digits of the key's SHA-256, so logs and metrics never show a key.
 - `rpm`, `tpm`: requests and tokens per minute (http/rate_limit.py); absent: unlimited.
 - `weight`: the tenant's share of the engine when tenants wait (the engine's fairness), from
   MIN_WEIGHT to MAX_WEIGHT.
+- `adapters`: what the key may do with LoRA adapters at run time (the server's
+  /v1/load_lora_adapter and /v1/unload_lora_adapter, docs/lora.md); absent: nothing.
+  `own`: load adapters, which its tenant then owns, and unload its tenant's. `all`: also
+  unload anyone's, another tenant's and the operator's (--lora-modules, the adapter list).
 
 Limits and weight are the tenant's, whatever key it uses: a setting on one of its keys holds
-for all of them, and two keys of one tenant that disagree are refused.
+for all of them, and two keys of one tenant that disagree are refused. `adapters` is the key's
+own: a tenant may keep one key that manages its adapters and others that only use them.
+
+A key is found by its SHA-256 in a dict: one lookup whatever the number of keys, and no timing
+that depends on how much of a guess is right (the dict compares digests, which a guess cannot
+steer).
 
 The file is read again when it changes (a Kubernetes Secret's files are replaced in place), at
-most once a second: keys and limits change without a restart. A file that no longer parses, or
-that names no key, is refused and the book it had stays in force: failing open (no keys) or
-closed (no one) on a typo would take the whole service down or open it.
+most once a second: keys and limits change without a restart. A file that no longer parses is
+refused and the book it had stays in force (failing open or closed on a typo would take the
+whole service down or open it), less every key whose secret no longer starts one of the file's
+entries: a revocation takes effect even while another line has a typo; additions and changes
+wait for a file that parses. A file that cannot be read or holds no entry at all changes
+nothing (an emptied Secret or a half-written file is a mistake, not a revocation of all keys).
 """
 
 import hashlib
-import hmac
 import logging
 import math
 import os
@@ -39,6 +52,12 @@ RECHECK_S = 1.0
 # weight) or overflows (a vanishing one) and fairness stays arithmetic.
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# Not a strength requirement (a real key is random and far longer): the shortest that is not
+# plainly a mistake, a placeholder, an initial or a truncated paste that anyone could guess.
+MIN_KEY_CHARS = 8
+# What `adapters=` may say: `own` manages its tenant's adapters, `all` anyone's.
+ADAPTERS_OWN, ADAPTERS_ALL = "own", "all"
+SETTINGS = ("name", "rpm", "tpm", "weight", "adapters")
 
 log = logging.getLogger("kvpilot.keys")
 
@@ -50,18 +69,29 @@ class Key:
     weight: float | None = 1.0  # None: as parsed, not set (settle() gives it the tenant's)
     rpm: int | None = None
     tpm: int | None = None
+    adapters: str | None = None  # ADAPTERS_OWN, ADAPTERS_ALL; None: no run-time adapters
+
+
+def digest(secret: bytes) -> bytes:
+    return hashlib.sha256(secret).digest()
 
 
 def parse_entry(entry: str, where: str) -> Key:
     secret, *settings = entry.split()
+    if secret.partition("=")[0] in SETTINGS and "=" in secret:
+        raise ConfigError(f"{where}: the secret is missing: an entry starts with the key")
+    if len(secret) < MIN_KEY_CHARS:
+        raise ConfigError(f"{where}: a key has at least {MIN_KEY_CHARS} characters")
     fields: dict[str, str] = {}
     for setting in settings:
         name, sep, value = setting.partition("=")
-        if not sep or name not in ("name", "rpm", "tpm", "weight") or name in fields:
-            raise ConfigError(
-                f"{where}: {setting!r} is not one of name=, rpm=, tpm=, weight= (once each)"
-            )
+        if not sep or name not in SETTINGS or name in fields:
+            listed = ", ".join(f"{s}=" for s in SETTINGS)
+            raise ConfigError(f"{where}: {setting!r} is not one of {listed} (once each)")
         fields[name] = value
+    adapters = fields.get("adapters")
+    if adapters not in (None, ADAPTERS_OWN, ADAPTERS_ALL):
+        raise ConfigError(f"{where}: adapters is {ADAPTERS_OWN} or {ADAPTERS_ALL}")
     tenant = fields.get("name") or "key-" + hashlib.sha256(secret.encode()).hexdigest()[:12]
     if not TENANT_NAME.match(tenant):
         raise ConfigError(f"{where}: name={tenant!r}: letters, digits, '.', '_', '-' (63 at most)")
@@ -74,19 +104,22 @@ def parse_entry(entry: str, where: str) -> Key:
         raise ConfigError(f"{where}: weight is from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}")
     if any(v is not None and v <= 0 for v in (rpm, tpm)):
         raise ConfigError(f"{where}: rpm and tpm are positive")
-    return Key(secret.encode(), tenant, weight if "weight" in fields else None, rpm, tpm)
+    weight_set = weight if "weight" in fields else None
+    return Key(secret.encode(), tenant, weight_set, rpm, tpm, adapters)
 
 
 def clamp_weight(weight: float) -> float:
     return min(MAX_WEIGHT, max(MIN_WEIGHT, weight)) if math.isfinite(weight) else 1.0
 
 
+def _numbered(lines: list[str]) -> list[tuple[int, str]]:
+    """The entries with their line numbers: blank lines and comments are none."""
+    stripped = enumerate((raw.strip() for raw in lines), 1)
+    return [(i, line) for i, line in stripped if line and not line.startswith("#")]
+
+
 def _entries(lines: list[str], source: str) -> list[Key]:
-    return [
-        parse_entry(line, f"{source}, entry {i}")
-        for i, line in enumerate((raw.strip() for raw in lines), 1)
-        if line and not line.startswith("#")
-    ]
+    return [parse_entry(line, f"{source}, entry {i}") for i, line in _numbered(lines)]
 
 
 def settle(keys: list[Key]) -> list[Key]:
@@ -111,6 +144,7 @@ def settle(keys: list[Key]) -> list[Key]:
             float(settings[key.tenant].get("weight", 1.0)),
             settings[key.tenant].get("rpm"),  # type: ignore[arg-type]
             settings[key.tenant].get("tpm"),  # type: ignore[arg-type]
+            key.adapters,
         )
         for key in keys
     ]
@@ -131,15 +165,16 @@ class KeyBook:
         self._stamp: tuple | None = None
         self._checked = 0.0
         if key_file:
-            self.from_file = self._read()
-        self.settled = settle(self.fixed + self.from_file)
+            self._stamp = self._file_stamp()
+            self.from_file = self._parse(self._text())
+        self._install(settle(self.fixed + self.from_file))
 
     @classmethod
     def of(cls, keys: list[str]) -> "KeyBook":
         """Keys given in code (tests, embedders): each its own tenant, no limits."""
         book = cls()
         book.fixed = [parse_entry(k, "key") for k in keys]
-        book.settled = settle(book.fixed)
+        book._install(settle(book.fixed))
         return book
 
     def require(self, check: Callable[[list[Key]], None]) -> None:
@@ -157,32 +192,59 @@ class KeyBook:
         return bool(self.fixed or self.key_file)
 
     def match(self, token: bytes) -> Key | None:
-        """The key `token` is, compared against every key in constant time, so the time taken
-        says nothing about which one is close."""
-        found = None
-        for key in self.keys:
-            if hmac.compare_digest(token, key.secret):
-                found = key
-        return found
+        """The key `token` is: one lookup of its digest, however many keys there are."""
+        self._maybe_reload()
+        return self._by_digest.get(digest(token))
+
+    def _install(self, settled: list[Key]) -> None:
+        self.settled = settled
+        self._by_digest = {digest(key.secret): key for key in settled}
 
     def _maybe_reload(self) -> None:
         now = time.monotonic()
         if not self.key_file or now - self._checked < RECHECK_S:
             return
         self._checked = now
-        if self._file_stamp() == self._stamp:
+        stamp = self._file_stamp()
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp  # taken before the read: a change during it is read next time
+        try:
+            text = self._text()
+        except ConfigError as exc:  # said once per change, not every second
+            log.error("keeping the API keys in force: %s", exc)
             return
         try:
-            read = self._read()
+            read = self._parse(text)
             settled = settle(self.fixed + read)
             if self.check is not None:
                 self.check(settled)
-            self.settled, self.from_file = settled, read
         except ConfigError as exc:
-            self._stamp = self._file_stamp()  # said once per change, not every second
             log.error("keeping the API keys in force: %s", exc)
-        else:
-            log.info("API keys reloaded from %s: %d keys", self.key_file, len(self.from_file))
+            self._revoke(text)
+            return
+        self.from_file = read
+        self._install(settled)
+        log.info("API keys reloaded from %s: %d keys", self.key_file, len(read))
+
+    def _revoke(self, text: str) -> None:
+        """Drop the file's keys whose secret starts none of the refused file's entries."""
+        kept = {line.split()[0].encode() for _, line in _numbered(text.splitlines())}
+        if not kept:  # no entry at all: a mistake, not a revocation of every key
+            return
+        kept |= {key.secret for key in self.fixed}
+        gone = [key for key in self.from_file if key.secret not in kept]
+        if not gone:
+            return
+        self.from_file = [key for key in self.from_file if key.secret in kept]
+        self._install([key for key in self.settled if key.secret in kept])
+        tenants = ", ".join(sorted({k.tenant for k in gone}))
+        log.warning(
+            "revoked %d API key(s) gone from %s (tenants %s), though the file is refused",
+            len(gone),
+            self.key_file,
+            tenants,
+        )
 
     def _file_stamp(self) -> tuple | None:
         try:
@@ -191,19 +253,19 @@ class KeyBook:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def _read(self) -> list[Key]:
+    def _text(self) -> str:
         assert self.key_file
-        stamp = self._file_stamp()
         try:
-            text = Path(self.key_file).read_text()
+            return Path(self.key_file).read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"Cannot read the API key file {self.key_file}: {exc}") from exc
-        found = _entries(text.splitlines(), self.key_file)
+
+    def _parse(self, text: str) -> list[Key]:
+        found = _entries(text.splitlines(), str(self.key_file))
         if not found:
             raise ConfigError(
                 f"The API key file {self.key_file} holds no API key (empty or only comments)"
             )
-        self._stamp = stamp
         return found
 
 

@@ -6,7 +6,9 @@ adapter it started with; then every few seconds. An adapter new to the list is l
 hf:// one downloaded first, with the same `hf download` the model's init container uses); one
 gone from it is unloaded; one whose entry changed is loaded again. One that fails is logged
 with the reason and not retried until its entry changes, so a bad adapter costs one attempt,
-not one a poll. Adapters loaded through the run-time routes are not this list's to unload.
+not one a poll. The list's adapters are the operator's (api/adapters.py): a key with
+adapters=all may unload one, which then stays unloaded until its entry changes. Adapters loaded
+through the run-time routes are not this list's to unload, even under a name it once loaded.
 """
 
 import asyncio
@@ -44,9 +46,9 @@ class AdapterSync:
         wanted = {entry.name: entry for entry in self.wanted()}
         for name, entry in list(self.loaded.items()):
             if wanted.get(name) != entry:
-                await self.adapters.remove(name)
+                if await self.adapters.remove(name):
+                    log.info("LoRA adapter %s unloaded (gone from the list or changed)", name)
                 del self.loaded[name]
-                log.info("LoRA adapter %s unloaded (gone from the list or changed)", name)
         for name, entry in wanted.items():
             if name in self.loaded or self.failed.get(name) == entry:
                 continue

@@ -13,7 +13,7 @@ from kvpilot_common import trust
 from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 SECRET = "gw-secret-for-tests"
-KEYS = "sk-burst name=burst rpm=120\nsk-tokens name=tokens tpm=250\nsk-free name=free\n"
+KEYS = "sk-burst name=burst rpm=120\nsk-tokens name=tokens tpm=250\nsk-free-1 name=free\n"
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_a_burst_past_the_requests_per_minute_waits_exactly_the_retry_after(serv
         time.sleep(wait_ms / 1000)
         assert http.get("/v1/models").status_code == 200
     # Another tenant's bucket is its own; the free key has no limit and no limit headers.
-    free = httpx.get(f"{base}/v1/models", headers=_auth("sk-free"))
+    free = httpx.get(f"{base}/v1/models", headers=_auth("sk-free-1"))
     assert free.status_code == 200 and "x-ratelimit-limit-requests" not in free.headers
     metrics = httpx.get(f"{base}/metrics").text
     assert 'kvpilot_rate_limited_total{limit="requests",model="tiny",tenant="burst"}' in metrics
@@ -85,17 +85,17 @@ def test_tokens_per_minute_are_charged_from_usage_and_the_debt_waited_out(server
 
 def test_a_changed_key_file_applies_without_a_restart(server):
     base, key_file, proc = server
-    key_file.write_text(KEYS.replace("sk-free name=free", "sk-new name=new rpm=7"))
+    key_file.write_text(KEYS.replace("sk-free-1 name=free", "sk-new-01 name=new rpm=7"))
     deadline = time.monotonic() + 10
     answer = None
     while time.monotonic() < deadline:  # reread within a second of the change
-        answer = httpx.get(f"{base}/v1/models", headers=_auth("sk-new"))
+        answer = httpx.get(f"{base}/v1/models", headers=_auth("sk-new-01"))
         if answer.status_code == 200:
             break
         time.sleep(0.2)
     assert answer is not None and answer.status_code == 200
     assert answer.headers["x-ratelimit-limit-requests"] == "7"
-    assert httpx.get(f"{base}/v1/models", headers=_auth("sk-free")).status_code == 401
+    assert httpx.get(f"{base}/v1/models", headers=_auth("sk-free-1")).status_code == 401
     assert proc.poll() is None
 
 
@@ -121,6 +121,6 @@ def test_a_tenant_is_believed_only_with_the_gateway_secret(server):
     )
     assert f": {trust.USAGE_COMMENT} {usage}\n\ndata: [DONE]" in streamed.text
     direct_stream = httpx.post(
-        f"{base}/v1/completions", json={**body, "stream": True}, headers=_auth("sk-new")
+        f"{base}/v1/completions", json={**body, "stream": True}, headers=_auth("sk-new-01")
     )
     assert "[DONE]" in direct_stream.text and trust.USAGE_COMMENT not in direct_stream.text

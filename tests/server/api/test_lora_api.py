@@ -85,7 +85,7 @@ def test_an_adapter_given_at_start_is_a_model_that_answers_as_hf_merges_it(
 ):
     models = {m.id: m for m in client.models.list().data}
     assert set(models) == {"tiny", "attn"}
-    assert models["attn"].parent == "tiny" and models["attn"].root == str(lora_root / "attn")
+    assert models["attn"].parent == "tiny" and models["attn"].root == "attn"  # not a path
     answer = _complete(client, "attn")
     assert answer.model == "attn"
     assert answer.choices[0].text == _oracle(tiny_dir("llama"), lora_root / "attn")
@@ -125,6 +125,7 @@ def test_load_serve_and_unload_at_run_time(client, server, tiny_dir, lora_root):
         ({"lora_name": "tiny", "lora_path": "mlp"}, 400, "cannot name an adapter"),
         ({"lora_name": "x y", "lora_path": "mlp"}, 400, "cannot name an adapter"),
         ({"lora_name": "x", "lora_path": "mlp", "extra": 1}, 400, "extra"),
+        ({"lora_name": "x", "lora_path": "mlp\x00"}, 400, "NUL byte"),
     ],
 )
 def test_a_load_outside_the_directory_or_of_no_adapter_is_refused(
