@@ -89,11 +89,13 @@ def held_bodies(
     size: int,
     hold: float,
     body: bytes | None = None,
+    spread: bool = False,
 ) -> dict:
     """`clients` requests with `size`-byte bodies (small_objects_body, unless `body` is given)
     for a model that has no ready replica, kept open `hold` seconds (the gateway holds them),
     the gateway's RSS read while they wait; then the clients leave. Statuses: what came back
-    within the hold, or "held"."""
+    within the hold, or "held". `spread`: each client from an address of its own (127.0.0.10
+    on), as that many clients without API keys are, each with its share of the budget."""
     body = body if body is not None else small_objects_body(model, size)
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -103,8 +105,9 @@ def held_bodies(
     socks: list[socket.socket] = []
     statuses: list[Status] = []
     try:
-        for _ in range(clients):
-            sock = socket.create_connection(address(base), timeout=10)
+        for i in range(clients):
+            source = (f"127.0.0.{10 + i}", 0) if spread else None
+            sock = socket.create_connection(address(base), timeout=10, source_address=source)
             socks.append(sock)
             with contextlib.suppress(OSError):  # refused mid-body: its answer is read below
                 sock.sendall(head + body)

@@ -124,7 +124,7 @@ def test_headers_are_bounded_in_size_and_time(live):
 def test_held_bodies_are_bounded_in_bytes_and_keep_only_their_bytes(live):
     _model(live.cluster, "sleepy")  # at zero, and no operator runs to wake it: held it stays
     # One client address, so one holder: its share is the whole budget here, whose bound this
-    # tests (the shares are test_body_budget_live.py's).
+    # tests (the shares are test_front_door_live.py's).
     gateway = live.gateway("--hold-timeout", "60", "--max-held-bytes-per-tenant", str(32 << 20))
     pid = gateway.process.pid
     size = (4 << 20) - 4096
@@ -135,6 +135,16 @@ def test_held_bodies_are_bounded_in_bytes_and_keep_only_their_bytes(live):
     # the rest are refused at once.
     kept = statuses.count("held")
     assert 4 <= kept <= 7 and statuses.count(429) == 12 - kept, statuses
+    assert held["rss_peak_mib"] - held["rss_before_mib"] < RSS_GROWTH_MIB
+    wait_for("the holds to end", lambda: gateway.metric("kvpilot_gateway_requests_held") == 0)
+    # Named with its namespace, a request's body is the client's with the served name appended,
+    # not parsed and written again (which cost twice as much). Eight clients of their own.
+    qualified = f"{live.cluster.ns}/sleepy"
+    held = gateway_attacks.held_bodies(
+        gateway.url, pid, qualified, clients=8, size=size, hold=3, spread=True
+    )
+    print(json.dumps({"held_qualified_bodies": held}))
+    assert held["statuses"].count("held") >= 4, held["statuses"]
     assert held["rss_peak_mib"] - held["rss_before_mib"] < RSS_GROWTH_MIB
     wait_for("the holds to end", lambda: gateway.metric("kvpilot_gateway_requests_held") == 0)
     small = {"model": "sleepy", "prompt": "hi"}
