@@ -5,15 +5,21 @@
 # the torch-free packages (the files are in pyproject.toml's [tool.mypy]), then the tests in two
 # steps, each with its own pytest summary: everything but tests/e2e, then tests/e2e on a real
 # node (containerd, the kubelet; the images it runs, built from the Dockerfile in a step of
-# their own first). Each step's time is printed. Extra args go to one pytest run instead of the two steps.
+# their own first). Each step's time is printed and kept in test-results/steps.jsonl, and each
+# pytest step's per-test times in test-results/ (kvpilot_testing.durations). Extra args go to
+# one pytest run instead of the two steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p test-results
+: >test-results/steps.jsonl
 
 step() {  # name, command...: run it, say how long it took, return its status
   local name="$1" start=$SECONDS status=0
   shift
   "$@" || status=$?
   echo "== $name: $((SECONDS - start)) s"
+  printf '{"step": "%s", "seconds": %d, "status": %d}\n' "$name" $((SECONDS - start)) "$status" \
+    >>test-results/steps.jsonl
   return "$status"
 }
 
@@ -25,7 +31,9 @@ if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
 failed=0
-step "tests (all but tests/e2e)" .venv/bin/python -m pytest --ignore=tests/e2e || failed=1
+KVPILOT_DURATIONS=test-results/main.json \
+  step "tests (all but tests/e2e)" .venv/bin/python -m pytest --ignore=tests/e2e || failed=1
 step "images for the real node" .venv/bin/python -m kvpilot_testing.kube.images || failed=1
-step "end-to-end tests (tests/e2e, a real node)" .venv/bin/python -m pytest tests/e2e || failed=1
+KVPILOT_DURATIONS=test-results/e2e.json \
+  step "end-to-end tests (tests/e2e, a real node)" .venv/bin/python -m pytest tests/e2e || failed=1
 exit "$failed"

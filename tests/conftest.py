@@ -19,6 +19,8 @@ from kvpilot_testing.kube.install import Installed, install
 from kvpilot_testing.small_vocab import build_small_vocab_tokenizer
 from kvpilot_testing.tiny import TINY_MODELS, build_tiny_model
 
+pytest_plugins = ["kvpilot_testing.durations"]  # every run's per-test times, to a JSON file
+
 
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
