@@ -1,8 +1,8 @@
 """The autoscale path's I/O: a kopf daemon per ModelDeployment with autoscaling on. Every
 intervalSeconds: take its pods from the operator's watch, scrape the ready ones' /metrics,
-observe() over the window, decide(), and write the result: replicas through the scale
-subresource, status.autoscaling, an Event for every scale, the operator's metrics (dropped
-again when the daemon stops).
+observe() over the window, decide(), and write the result (autoscale_writes.py): replicas
+through the scale subresource, status.autoscaling, an Event for every scale; the operator's
+metrics (dropped again when the daemon stops).
 
 What stabilization needs (recent recommendations, last decisions) and what decide() learns
 (the arrivals' recent samples, a replica's capacity, a burst's panic, the pods' observed
@@ -11,31 +11,38 @@ instead of scaling on a fresh memory.
 
 Requests held at the gateways come from the object's own annotations (kvpilot_common.demand):
 read every step, they are also how a missed wake (wake.py) still happens within an interval.
+
+A step decides from the object as it stands after the scrape, and writes conditionally on that
+version (conflicts.py): written to since (another replica acting, a wake, a spec change, the
+status refresh), the step decides again from the newer object, so no decision is made from, or
+overwrites, one it has not seen.
 """
 
 import asyncio
 import hashlib
 import json
+import logging
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import kopf
-from lightkube.types import PatchType
 
 from kvpilot_common import demand
-from kvpilot_common.kube import ModelDeploymentResource
 from kvpilot_common.naming import PORT
-from kvpilot_common.observe import Window, observe, parse
-from kvpilot_operator import children, crd, metrics
-from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster, namespaced
-from kvpilot_operator.decide import HELD, Decision, Inputs, decide, queue_depth
+from kvpilot_common.observe import Observation, Window, observe, parse
+from kvpilot_operator import children, conflicts, crd, metrics
+from kvpilot_operator.autoscale_writes import Stale, write
+from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, namespaced
+from kvpilot_operator.decide import Decision, Inputs, decide, queue_depth
 from kvpilot_operator.forecast import Memory
 from kvpilot_operator.spec import Spec
-from kvpilot_operator.status import timestamp
 
 SCRAPE_TIMEOUT_S = 2.0
-DECISIONS_KEPT = 10
+WRITE_TRIES = 5  # decisions made again after a conflict, before the step gives up
+logger = logging.getLogger(__name__)
 
 
 async def _scrape(client: httpx.AsyncClient, pods: list[dict]) -> dict[str, str | None]:
@@ -77,7 +84,7 @@ async def autoscale(
                 if window is None or window.seconds != scaling.window_seconds:
                     window = Window(scaling.window_seconds)
                 # The pods from the operator's watch (children.py): no API call per step.
-                await step(md, window, client, children.pods(owned_pods, namespace, name))
+                await step(body, window, client, children.pods(owned_pods, namespace, name))
                 await stopped.wait(scaling.interval_seconds)
     finally:
         # Stopped: autoscaling turned off or the ModelDeployment deleted (handlers.forget drops
@@ -88,10 +95,24 @@ async def autoscale(
             metrics.forget(namespace, name, metrics.AUTOSCALER_GAUGES)
 
 
-async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[dict]) -> Decision:
-    """One decision for the defaulted ModelDeployment `md`, written."""
-    meta, spec = md["metadata"], Spec.from_defaulted(md)
-    name, namespace, scaling = meta["name"], meta["namespace"], spec.autoscaling
+@dataclass(frozen=True)
+class Scraped:
+    """What one step's scrape found, which a decision made again after a conflict reuses."""
+
+    observed: Observation | None
+    failures: int
+    pods: int  # not being deleted
+    ready: list[dict]
+
+
+async def step(
+    body: Mapping[str, Any], window: Window, client: httpx.AsyncClient, pods: list[dict]
+) -> Decision | None:
+    """One decision for the ModelDeployment whose live view is `body` (kopf's: the watch keeps it
+    current), written; None when every try met a newer write (the next step decides again)."""
+    md = crd.defaulted(body)
+    meta, scaling = md["metadata"], Spec.from_defaulted(md).autoscaling
+    name, namespace = meta["name"], meta["namespace"]
     pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     ready = [p for p in pods if children.ready(p)]
     now = time.time()
@@ -102,29 +123,12 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
     window.keep_only(p for p, t in texts.items() if t is not None)
     failures = sum(1 for t in texts.values() if t is None)
     observed = observe(window, now, max(scaling.panic.window_seconds, scaling.interval_seconds))
-    wanted = demand.read(meta.get("annotations"), now)
-    state = md.get("status", {}).get("autoscaling", {})
-    startup = _startup(ready, state, spec.probes.startup_timeout_seconds)
-    inputs = Inputs(
-        current=spec.replicas,
-        starting=len(pods) - len(ready),
-        pods_scraped=observed.pods if observed else 0,
-        scrape_failures=failures,
-        queue_per_replica=observed.queue_per_replica if observed else None,
-        p95_ms=observed.p95_seconds * 1000 if observed and observed.p95_seconds else None,
-        finished=observed.finished if observed else 0.0,
-        held=wanted.held,
-        last_demand=wanted.last,
-        arrivals=observed.arrivals if observed else None,
-        recent_arrivals=observed.recent_arrivals if observed else None,
-        # Until a pod of this model has been seen to start, the startup probe's budget.
-        startup_seconds=spec.probes.startup_timeout_seconds if startup is None else startup,
-        basis=basis(md["spec"]),
-    )
-    history = [(float(t), int(r)) for t, r in state.get("recommendations", [])]
-    decision = decide(inputs, scaling, history, now, Memory.from_status(state))
-    state = {**state, "startupSeconds": startup}
-    await asyncio.to_thread(_write, md, inputs, decision, state, now, len(pods), len(ready))
+    scraped = Scraped(observed, failures, len(pods), ready)
+    written = await _settle(body, scraped, now)
+    if written is None:
+        logger.warning("%s/%s: written to during each of %d tries", namespace, name, WRITE_TRIES)
+        return None
+    inputs, decision = written
     labels = (namespace, name)
     metrics.scrape_failures.labels(*labels).inc(failures)
     metrics.max_replicas.labels(*labels).set(scaling.max_replicas)
@@ -138,6 +142,64 @@ async def step(md: dict, window: Window, client: httpx.AsyncClient, pods: list[d
     if decision.memory.capacity is not None:
         metrics.capacity.labels(*labels).set(decision.memory.capacity)
     return decision
+
+
+async def _settle(
+    body: Mapping[str, Any], scraped: Scraped, now: float
+) -> tuple[Inputs, Decision] | None:
+    """Decide from the newest object and write, conditionally on its version; after a
+    conflict, wait for the newer object and decide again. A scale already made stands: only its
+    record is written again, onto the newer status.autoscaling."""
+    scaled = False
+    for _ in range(WRITE_TRIES):
+        md = crd.defaulted(body)
+        if not scaled:
+            inputs, decision, state = _decide(md, scraped, now)
+        else:
+            state = {**_state(md), "startupSeconds": state.get("startupSeconds")}
+        try:
+            ready = len(scraped.ready)
+            await asyncio.to_thread(
+                write, md, inputs, decision, state, now, scraped.pods, ready, scaled=scaled
+            )
+            return inputs, decision
+        except Stale as stale:
+            scaled = stale.scaled
+            await conflicts.newer(body, conflicts.version(md), SCRAPE_TIMEOUT_S)
+    return None
+
+
+def _state(md: dict) -> dict:
+    return dict(md.get("status", {}).get("autoscaling") or {})
+
+
+def _decide(md: dict, scraped: Scraped, now: float) -> tuple[Inputs, Decision, dict]:
+    """The decision from the defaulted ModelDeployment `md` and the scrape, and the
+    status.autoscaling it starts from."""
+    spec, observed = Spec.from_defaulted(md), scraped.observed
+    scaling = spec.autoscaling
+    wanted = demand.read(md["metadata"].get("annotations"), now)
+    state = _state(md)
+    startup = _startup(scraped.ready, state, spec.probes.startup_timeout_seconds)
+    inputs = Inputs(
+        current=spec.replicas,
+        starting=scraped.pods - len(scraped.ready),
+        pods_scraped=observed.pods if observed else 0,
+        scrape_failures=scraped.failures,
+        queue_per_replica=observed.queue_per_replica if observed else None,
+        p95_ms=observed.p95_seconds * 1000 if observed and observed.p95_seconds else None,
+        finished=observed.finished if observed else 0.0,
+        held=wanted.held,
+        last_demand=wanted.last,
+        arrivals=observed.arrivals if observed else None,
+        recent_arrivals=observed.recent_arrivals if observed else None,
+        # Until a pod of this model has been seen to start, the startup probe's budget.
+        startup_seconds=spec.probes.startup_timeout_seconds if startup is None else startup,
+        basis=basis(md["spec"]),
+    )
+    history = [(float(t), int(r)) for t, r in state.get("recommendations", [])]
+    decision = decide(inputs, scaling, history, now, Memory.from_status(state))
+    return inputs, decision, {**state, "startupSeconds": startup}
 
 
 def basis(spec: dict) -> str:
@@ -162,87 +224,3 @@ def _startup(ready: list[dict], state: dict, budget: int) -> float | None:
     before. At most the startup probe's budget: a pod still loading past it is restarted."""
     seen = [s for s in (children.startup_seconds(p) for p in ready) if s is not None]
     return round(min(min(seen), budget), 1) if seen else state.get("startupSeconds")
-
-
-def record(
-    state: dict, inputs: Inputs, decision: Decision, now: float, pods: int, ready: int
-) -> dict:
-    """status.autoscaling after a step: what was observed, the recommendation history, the
-    last decisions and whether the bounds clamped it. The autoscaler writes only this;
-    status.status() turns `limited` into the ScalingLimited condition, so status.conditions
-    keeps one writer. queueDepth is what decide() saw: the gateways' held requests included."""
-    queue = queue_depth(inputs)
-    observed = {
-        "time": timestamp(now),
-        "pods": pods,
-        "readyPods": ready,
-        "scrapeFailures": inputs.scrape_failures,
-        "queueDepth": None if queue is None else round(queue, 2),
-        "heldRequests": inputs.held,
-        "p95Milliseconds": None if inputs.p95_ms is None else round(inputs.p95_ms),
-        "arrivalsPerSecond": None if inputs.arrivals is None else round(inputs.arrivals, 3),
-    }
-    result: dict[str, Any] = {
-        "observed": observed,
-        "recommendation": decision.recommendation,
-        "recommendations": [[round(t, 3), r] for t, r in decision.history],
-        "reason": decision.reason,
-        "limited": decision.limited,
-        "decisions": list(state.get("decisions", [])),
-        "startupSeconds": state.get("startupSeconds"),
-        **decision.memory.to_status(),
-    }
-    if "lastScaleTime" in state:
-        result["lastScaleTime"] = state["lastScaleTime"]
-    if decision.replicas != inputs.current:
-        entry = {"time": timestamp(now), "from": inputs.current, "to": decision.replicas}
-        entry["inputs"] = {k: observed[k] for k in ("queueDepth", "p95Milliseconds")}
-        entry["reason"] = decision.reason
-        result["decisions"] = [*result["decisions"], entry][-DECISIONS_KEPT:]
-        result["lastScaleTime"] = timestamp(now)
-    return result
-
-
-def cause(reason: str) -> str:
-    """The scale events metric's reason label, from a decision's reason."""
-    if HELD in reason:
-        return "Demand"
-    driver = reason.split(" ", 1)[0]
-    causes = {"queue": "QueueDepth", "p95": "Latency", "no": "Idle", "arrivals": "Arrivals"}
-    return causes.get(driver, "Burst" if driver == "burst:" else "Other")
-
-
-def scale(md: dict, before: int, decision: Decision, *, if_unchanged: bool = False) -> None:
-    """Set the replicas through the scale subresource (the only writer of spec.replicas while
-    autoscaling is on), with an Event and a count of it.
-
-    if_unchanged: only if the object is still at md's resourceVersion (the API server answers
-    409 Conflict otherwise, and nothing is written or announced), for a decision made from a
-    watch event that may be older than the last write."""
-    meta = md["metadata"]
-    name, namespace = meta["name"], meta["namespace"]
-    patch: dict[str, Any] = {"spec": {"replicas": decision.replicas}}
-    if if_unchanged:
-        patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
-    cluster().client.patch(
-        ModelDeploymentResource.Scale, name, patch, namespace=namespace, patch_type=PatchType.MERGE
-    )
-    direction = "up" if decision.replicas > before else "down"
-    metrics.scale_events.labels(namespace, name, direction, cause(decision.reason)).inc()
-    kopf.event(md, type="Normal", reason=f"Scaled{direction.title()}", message=decision.reason)
-
-
-def _write(
-    md: dict, inputs: Inputs, decision: Decision, state: dict, now: float, pods: int, ready: int
-) -> None:
-    meta = md["metadata"]
-    name, namespace, before = meta["name"], meta["namespace"], inputs.current
-    if decision.replicas != before:
-        scale(md, before, decision)
-    cluster().client.patch(
-        ModelDeploymentResource.Status,
-        name,
-        {"status": {"autoscaling": record(state, inputs, decision, now, pods, ready)}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )

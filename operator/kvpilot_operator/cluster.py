@@ -74,12 +74,18 @@ class Cluster:
             return False
         return True
 
-    def patch_status(self, name: str, namespace: str, status: dict) -> dict:
-        """Merge-patch a ModelDeployment's status; the status as stored afterwards."""
+    def patch_status(
+        self, name: str, namespace: str, status: dict, resource_version: str | None = None
+    ) -> dict:
+        """Merge-patch a ModelDeployment's status (only if still at `resource_version`, when
+        given: 409 Conflict otherwise); the status as stored afterwards."""
+        patch: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            patch["metadata"] = {"resourceVersion": resource_version}
         updated = self.client.patch(
             ModelDeploymentResource.Status,
             name,
-            {"status": status},
+            patch,
             namespace=namespace,
             patch_type=PatchType.MERGE,
         )

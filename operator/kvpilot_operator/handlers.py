@@ -6,6 +6,9 @@ child the API server refuses reaches status through the kvpilot.dev/apply-reject
 that reconcile() leaves on the ModelDeployment (rejection.py), not through a write of its own. The
 daemon recomputes status when a child or the object changes (children.py: kopf indexes fed by
 watches, so it costs no API calls) and writes only what changed; a slow resync is the safety net.
+Its write is conditional on the version it read (conflicts.py): refused, nothing is written or
+announced, and the watch event of the newer write wakes it to recompute, so two replicas acting
+at once (peering has no fencing) write and announce each change once.
 
 There is no on.delete handler for children: they carry owner references and go with the
 garbage collector. kopf adds its own finalizer, because the daemons must be stopped when an
@@ -14,13 +17,22 @@ object goes, so a deletion completes only while the operator runs.
 
 import asyncio
 import os
+from collections.abc import Mapping
 from importlib.metadata import version
 from typing import Any
 
 import kopf
 from lightkube import ApiError
 
-from kvpilot_operator import children, crd, credentials, metrics, rejection, replica_adapters
+from kvpilot_operator import (
+    children,
+    conflicts,
+    crd,
+    credentials,
+    metrics,
+    rejection,
+    replica_adapters,
+)
 from kvpilot_operator.cluster import RESOURCE, RETRY_SECONDS, cluster, namespaced
 from kvpilot_operator.fit import check
 from kvpilot_operator.render import Plan, render
@@ -139,15 +151,15 @@ async def keep_status(
 ) -> None:
     namespace = namespaced(namespace)
     wake = children.waker(namespace, name)
-    written: dict = {}  # what this daemon last wrote: fresher than `body` until its event comes
     try:
         while not stopped:
-            wake.clear()
+            wake.clear()  # before the copy: a write after it wakes the next round
+            md = crd.defaulted(body)  # copied here, not in the thread kopf's events race
             deployment = children.deployment(owned_deployments, namespace, name)
             pods = children.pods(owned_pods, namespace, name)
-            spec = Spec.from_defaulted(crd.defaulted(body))
+            spec = Spec.from_defaulted(md)
             adapters = await replica_adapters.loaded(pods) if spec.adapters else None
-            written = await asyncio.to_thread(report, body, deployment, pods, written, adapters)
+            await asyncio.to_thread(report, md, deployment, pods, adapters)
             settled = adapters is None or replica_adapters.converged(spec, adapters)
             timeout = RESYNC_SECONDS if settled else replica_adapters.CONVERGING_SECONDS
             await children.sleep(wake, stopped, timeout)
@@ -168,16 +180,15 @@ def forget(name: str, namespace: str | None, **_: Any) -> None:
 
 
 def report(
-    body: kopf.Body,
+    body: Mapping[str, Any],
     deployment: dict | None,
     pods: list[dict],
-    written: dict,
     adapters: list[dict] | None = None,
-) -> dict:
+) -> bool:
     """Status from the children as they are now (and `adapters`, what the ready replicas say
-    they have loaded: replica_adapters.py): write what changed, an Event per condition change.
-    Returns what is written now (`written` plus this write)."""
-    md = crd.defaulted(body)
+    they have loaded: replica_adapters.py) onto the object as read in `body`: write what changed,
+    if nothing was written since, then an Event per condition change. Whether it wrote."""
+    md: dict = crd.defaulted(body)  # kopf.event() takes a plain dict as the autoscaler passes
     name, namespace = md["metadata"]["name"], md["metadata"]["namespace"]
     spec = Spec.from_defaulted(md)
     new = status(md, spec, deployment, pods, check(spec), timestamp())
@@ -186,15 +197,22 @@ def report(
         metrics.set_replicas(
             namespace, name, new["desiredReplicas"], new["replicas"], new["readyReplicas"]
         )
-    current = {**md.get("status", {}), **written}
+    current = md.get("status", {})
+    update = {key: value for key, value in new.items() if current.get(key) != value}
+    if not update:
+        return False
+    try:
+        cluster().patch_status(name, namespace, update, conflicts.version(md))
+    except ApiError as exc:
+        if not conflicts.is_conflict(exc):
+            raise
+        return False  # written since: its watch event wakes the daemon to recompute
+    # Announced by the writer of the change alone, after the write: once, however many act.
     for condition in changed(current.get("conditions", []), new["conditions"]):
         kopf.event(
-            body,
+            md,
             type="Warning" if is_warning(condition) else "Normal",
             reason=condition["reason"],
             message=f"{condition['type']}={condition['status']}: {condition['message']}",
         )
-    update = {key: value for key, value in new.items() if current.get(key) != value}
-    if update:
-        cluster().patch_status(name, namespace, update)
-    return {**written, **update}
+    return True

@@ -20,7 +20,7 @@ from lightkube import ApiError
 
 from kvpilot_common import demand
 from kvpilot_operator import crd
-from kvpilot_operator.autoscaler import scale
+from kvpilot_operator.autoscale_writes import scale
 from kvpilot_operator.cluster import RESOURCE
 from kvpilot_operator.decide import Decision, wake
 from kvpilot_operator.spec import Spec

@@ -1,9 +1,10 @@
 """Raw HTTP/1.1 over a socket, for requests no well-behaved client (httpx included) would send:
-lies about the body's length, bodies that never end, headers that never end."""
+lies about the body's length, bodies that never end, headers that never end, a body cut off."""
 
 import contextlib
 import socket
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 
@@ -101,3 +102,28 @@ def chunked_upload(base: str, path: str, total: int, chunk: int = 1 << 16) -> tu
         sent = send_until_answered(sock, piece, chunk, total, 30, b"0\r\n\r\n")
         status, _ = read_status(sock, 10.0)
     return status, sent
+
+
+def answer_of(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers by lower-case name, body) of one whole HTTP/1.1 answer."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    fields = (line.partition(":") for line in lines)
+    return int(status_line[9:12]), {k.strip().lower(): v.strip() for k, _, v in fields}, body
+
+
+def cut_mid_body(base: str, path: str, stop: Callable[[], None], timeout: float = 30) -> bytes:
+    """A POST whose body is still on its way when `stop()` (a SIGTERM) runs: its headers and
+    the first half of its body are sent, the rest never is. All the listener sends back
+    before it closes the connection (b"" if nothing)."""
+    body = b'{"model": "tiny", "prompt": "The river", "max_tokens": 4}'
+    request = post_bytes(path, body)
+    with socket.create_connection(address(base), timeout=timeout) as sock:
+        sock.sendall(request[: len(request) - len(body) // 2])
+        time.sleep(0.5)  # for the request to reach the app, which now waits for its body
+        stop()
+        data = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                data += chunk
+    return data

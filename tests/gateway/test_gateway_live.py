@@ -1,6 +1,7 @@
 """The gateway as clients and Kubernetes see it, live: API keys, namespace-qualified names,
 the official client through it, the upstream request aborted when the client leaves, and a
-drain on SIGTERM that lets a stream finish while /ready fails and new requests are refused."""
+drain on SIGTERM that lets a stream finish while /ready fails and new requests are refused, and
+answers a request its timeout overtakes with a 503 in OpenAI's shape."""
 
 import json
 import time
@@ -12,7 +13,10 @@ import pytest
 from openai import OpenAI
 
 from kvpilot_common import metric_names as names
+from kvpilot_common.http.serving import CUT_MESSAGE
 from kvpilot_testing.kube.cluster import MD, wait_for
+from kvpilot_testing.kube.gateway import Gateway
+from kvpilot_testing.raw_http import answer_of, cut_mid_body
 from tests.gateway.live import pod_metric, spec
 
 LONG = {"prompt": "The river", "max_tokens": 240, "ignore_eos": True, "temperature": 0}
@@ -161,3 +165,24 @@ def test_sigterm_drains_a_stream_to_its_end_and_refuses_new_requests(live):
     assert not any('"error"' in line for line in lines)
     assert gateway.process is not None
     assert gateway.process.wait(timeout=20) == 0
+
+
+def test_a_request_the_drain_timeout_overtakes_unanswered_gets_a_json_503(tmp_path):
+    """--drain-timeout 0: a request still reading its body at SIGTERM is answered 503 in
+    OpenAI's shape, not with uvicorn's plain-text 500 (a request waiting on a slow replica's
+    answer is cut the same way); the gateway exits 0. No replica is needed for that: a
+    --backend where nothing listens, no Kubernetes."""
+    backend = "tiny=http://127.0.0.254:8000"  # nothing listens there: the body is never routed
+    gateway = Gateway(None, None, tmp_path / "gateway.log", "--backend", backend)
+    gateway.args += ("--drain-timeout", "0")
+    gateway.start()
+    try:
+        raw = cut_mid_body(gateway.url, "/v1/completions", gateway.terminate)
+        status, headers, body = answer_of(raw)
+        assert (status, headers["content-type"]) == (503, "application/json"), raw
+        assert json.loads(body)["error"]["message"] == CUT_MESSAGE
+        assert json.loads(body)["error"]["code"] == "service_unavailable"
+        assert gateway.process is not None
+        assert gateway.process.wait(timeout=20) == 0
+    finally:
+        gateway.stop()

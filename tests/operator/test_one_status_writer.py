@@ -1,5 +1,5 @@
 """status.conditions has one writer. The status daemon (handlers.report) and the autoscaler's
-step (autoscaler._write) both start from a snapshot of the object and merge-patch its status,
+step (autoscale_writes.write) both start from a snapshot of the object and merge-patch its status,
 as they do in the operator; whichever lands second must not undo the first. The autoscaler
 writes only status.autoscaling, and status() derives ScalingLimited from it."""
 
@@ -8,7 +8,7 @@ import copy
 import kopf
 import pytest
 
-from kvpilot_operator import autoscaler, crd, handlers
+from kvpilot_operator import autoscale_writes, crd, handlers
 from kvpilot_operator.decide import Decision, Inputs
 
 SPEC = {
@@ -33,7 +33,7 @@ def merge_patch(target: dict, patch: dict) -> dict:
 
 
 class _Cluster:
-    """cluster() as report() and _write() use it: a client that records the status patches."""
+    """cluster() as report() and write() use it: a client that records the status patches."""
 
     def __init__(self) -> None:
         self.patches: list[dict] = []
@@ -42,7 +42,7 @@ class _Cluster:
     def patch(self, resource, name, body, namespace, patch_type) -> None:
         self.patches.append(body)
 
-    def patch_status(self, name: str, namespace: str, status: dict) -> dict:
+    def patch_status(self, name: str, namespace: str, status: dict, version=None) -> dict:
         self.patches.append({"status": status})
         return status
 
@@ -54,17 +54,17 @@ def _refresh(stored: dict, ready: int, monkeypatch) -> dict:
     observed = {"replicas": 2, "readyReplicas": ready, "updatedReplicas": 2}
     deployment = {"metadata": {"generation": 1}, "status": {**observed, "observedGeneration": 1}}
     pods = [{"metadata": {"name": f"p-{i}"}, "status": READY} for i in range(ready)]
-    handlers.report(stored, deployment, pods, {})
+    handlers.report(stored, deployment, pods)
     return fake.patches[0] if fake.patches else {}
 
 
 def _autoscale(stored: dict, monkeypatch) -> dict:
     """The status patch one autoscaler step makes from `stored`: held at 2, clamped by max 2."""
     fake = _Cluster()
-    monkeypatch.setattr(autoscaler, "cluster", lambda: fake)
+    monkeypatch.setattr(autoscale_writes, "cluster", lambda: fake)
     inputs = Inputs(2, 0, 2, 0, 9.0, None, 1.0)
     decision = Decision(2, 3, "queue 9.0/replica vs target 4 (limited to 2..2)", True, [(1.0, 3)])
-    autoscaler._write(crd.defaulted(stored), inputs, decision, {}, 1.0, 2, 2)
+    autoscale_writes.write(crd.defaulted(stored), inputs, decision, {}, 1.0, 2, 2)
     (only,) = fake.patches
     return only
 

@@ -79,7 +79,7 @@ class _Stopped:
 
 
 def test_step_sets_max(monkeypatch):
-    monkeypatch.setattr(autoscaler, "_write", lambda *args: None)
+    monkeypatch.setattr(autoscaler, "write", lambda *args, **kwargs: None)
 
     async def one_step():
         async with httpx.AsyncClient() as client:

@@ -12,7 +12,7 @@ import time
 from lightkube import Client, KubeConfig
 
 from kvpilot_common import demand
-from kvpilot_operator import autoscaler, wake
+from kvpilot_operator import autoscale_writes, wake
 from kvpilot_operator import cluster as operator_cluster
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, EVENTS, MD, Cluster, wait_for
 
@@ -133,10 +133,12 @@ def test_a_wake_from_an_event_older_than_the_last_write_scales_nothing(
     was queued before a later write, its conditional scale patch is refused with 409 and it
     neither scales nor announces; given the current body, it wakes the model once."""
     client = Client(KubeConfig.from_file(kube_namespace.kubeconfig), field_manager="test-wake")
-    monkeypatch.setattr(autoscaler, "cluster", lambda: operator_cluster.Cluster(client))
+    monkeypatch.setattr(autoscale_writes, "cluster", lambda: operator_cluster.Cluster(client))
     request.addfinalizer(client.close)
     announced: list[str] = []
-    monkeypatch.setattr(autoscaler.kopf, "event", lambda md, **kw: announced.append(kw["message"]))
+    monkeypatch.setattr(
+        autoscale_writes.kopf, "event", lambda md, **kw: announced.append(kw["message"])
+    )
     kube_namespace.create(MD, {"metadata": {"name": "raced"}, "spec": SPEC})
     _hold(kube_namespace, "raced", 2, time.time())
     stale = kube_namespace.get(MD, "raced")

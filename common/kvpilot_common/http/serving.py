@@ -1,16 +1,17 @@
 """How a kvpilot listener runs under uvicorn, the server's and the gateway's alike: the protocol
-that bounds the request line and headers, no text access log, and a drain on SIGTERM."""
+that bounds the request line and headers, no text access log, and a drain on SIGTERM that
+answers whatever it cuts in OpenAI's error shape."""
 
 import argparse
 import asyncio
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:  # annotations only: uvicorn is imported when a listener starts, not before
     import uvicorn
-    from starlette.types import ASGIApp
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class Admission(Protocol):
@@ -55,13 +56,16 @@ def draining_server() -> ServerFactory:
         """On the first SIGTERM/SIGINT keep serving while in-flight requests finish (new ones
         get 503 and /ready fails, so Kubernetes stops routing here), then exit: at the drain
         timeout at the latest, whatever is still open (uvicorn alone would wait for every
-        connection, however long a stream runs). A second signal exits at once."""
+        connection, however long a stream runs). A second signal exits at once. A request cut
+        before it answered gets a JSON 503 (answer_when_cut)."""
 
         def __init__(
             self, config: uvicorn.Config, admission: Admission, drain_timeout: float
         ) -> None:
             # What is left after the drain is cut, not waited for.
             config.timeout_graceful_shutdown = EXIT_GRACE_SECONDS
+            if not isinstance(config.app, str):  # an import path is not ours to wrap
+                config.app = answer_when_cut(cast("ASGIApp", config.app), admission)
             super().__init__(config)
             self.admission, self.drain_timeout = admission, drain_timeout
 
@@ -95,6 +99,43 @@ def draining_server() -> ServerFactory:
     return DrainingServer
 
 
+def answer_when_cut(app: "ASGIApp", admission: Admission) -> "ASGIApp":
+    """`app`, with an answer for a request whose task uvicorn cancels at the end of a drain
+    (EXIT_GRACE_SECONDS after the drain timeout) before it began its response: a 503 in
+    OpenAI's shape that says why, where uvicorn would send a plain-text 500. A 503, as the
+    server's streams cut by the drain end with (api/admission.py): this replica is going away,
+    the request itself did not fail, and another replica can take it. Nothing is added to a
+    response already begun: its connection is closed."""
+    from kvpilot_common.http.errors import error_response
+
+    async def guarded(scope: "Scope", receive: "Receive", send: "Send") -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: "Message") -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            # Only uvicorn's shutdown cancels a request's task: with the drain on, it is ours.
+            if started or not admission.draining:
+                raise
+            answer = error_response(503, CUT_MESSAGE, headers={"Connection": "close"})
+            await answer(scope, receive, send)
+            # Answered: returning (not raising) keeps uvicorn from logging a traceback for it.
+
+    return guarded
+
+
+CUT_MESSAGE = (
+    "This replica is shutting down and its drain timeout passed before the request was "
+    "answered; retry on another replica"
+)
 # After the drain (or with nothing in flight): uvicorn's own shutdown closes idle connections
 # and waits at most this long for the rest before cancelling them.
 EXIT_GRACE_SECONDS = 1

@@ -1,11 +1,15 @@
-"""SIGTERM while streaming: the stream completes, new requests get 503, /ready fails, exit 0."""
+"""SIGTERM while streaming: the stream completes, new requests get 503, /ready fails, exit 0.
+Past the drain timeout: a stream ends with an error event, a request not yet answered gets a
+503, both in OpenAI's shape."""
 
 import json
 import signal
 
 import httpx
 
+from kvpilot_common.http.serving import CUT_MESSAGE
 from kvpilot_testing.live_server import start_tiny_server, stop_server
+from kvpilot_testing.raw_http import answer_of, cut_mid_body
 
 
 def test_sigterm_drains_in_flight_streams(tiny_dir):
@@ -59,3 +63,23 @@ def test_a_stream_the_drain_timeout_overtakes_ends_with_an_error_event(tiny_dir)
         assert proc.wait(timeout=60) == 0
     finally:
         stop_server(proc)  # a second SIGTERM: exits at once if a failed test left it draining
+
+
+def test_a_request_the_drain_timeout_overtakes_unanswered_gets_a_json_503(tiny_dir):
+    """--drain-timeout 0: a request still reading its body at SIGTERM (out of the engine's
+    reach, so nothing ends it before uvicorn cancels it) is answered 503 in OpenAI's shape,
+    not with uvicorn's plain-text 500; the server exits 0."""
+    proc, base = start_tiny_server(tiny_dir("llama"), "--drain-timeout", "0")
+    try:
+        raw = cut_mid_body(base, "/v1/completions", lambda: proc.send_signal(signal.SIGTERM))
+        status, headers, body = answer_of(raw)
+        assert (status, headers["content-type"]) == (503, "application/json"), raw
+        assert json.loads(body)["error"] == {
+            "message": CUT_MESSAGE,
+            "type": "service_unavailable",
+            "param": None,
+            "code": "service_unavailable",
+        }
+        assert proc.wait(timeout=60) == 0
+    finally:
+        stop_server(proc)
