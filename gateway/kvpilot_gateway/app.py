@@ -8,6 +8,8 @@ cannot duplicate output). A model with no ready replica holds the request (holdi
 the operator scales it up. Errors are answered in OpenAI's shape, as the server answers them.
 """
 
+import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -23,8 +25,9 @@ from kvpilot_common.errors import KvpilotError, ModelNotFoundError, OverloadedEr
 from kvpilot_common.http.auth import ApiKeyMiddleware, caller
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
+from kvpilot_common.http.limits import MAX_HEADER_BYTES
 from kvpilot_common.http.rate_limit import RateLimits
-from kvpilot_gateway import adapters, headers, resume, target
+from kvpilot_gateway import adapters, headers, resume, target, usage
 from kvpilot_gateway.balance import Balancer
 from kvpilot_gateway.budget import BodyBudget, Lease
 from kvpilot_gateway.catalog import Catalog, Key, Model
@@ -43,6 +46,8 @@ from kvpilot_gateway.proxy import (
 from kvpilot_gateway.status_routes import status_routes
 
 log = logging.getLogger("kvpilot.gateway")
+# What a replica's header limit leaves for the headers, below its request line's room.
+MAX_FORWARDED_HEADER_BYTES = MAX_HEADER_BYTES - (4 << 10)
 CLIENT_CLOSED = 499  # nginx's code for a client that left; only metrics and logs see it
 
 
@@ -108,6 +113,15 @@ def build_app(state: State) -> Starlette:
                     upstream_headers += headers.from_gateway(
                         caller(request), settings.gateway_secret
                     )
+                if headers.size(upstream_headers) > MAX_FORWARDED_HEADER_BYTES:
+                    # The replica would answer 431 in plain text: the gateway says it first.
+                    metrics.unrouted.labels("HeadersTooLarge").inc()
+                    return error_response(
+                        431,
+                        "Request headers are too large to forward to the model: with the "
+                        f"gateway's own, {headers.size(upstream_headers)} bytes, more than "
+                        f"{MAX_FORWARDED_HEADER_BYTES}",
+                    )
                 response = await _route(request, model, wanted, upstream_headers)
                 return response  # type: ignore[return-value]
         finally:
@@ -124,6 +138,29 @@ def build_app(state: State) -> Starlette:
 
     async def _route(
         request: Request, model: Model, wanted: target.Target, sent: list[tuple[bytes, bytes]]
+    ) -> Response | Passthrough:
+        """The request's way to a replica, its tenant's tokens reserved for it (usage.py): the
+        response settles them, or they come back if no replica answers it."""
+        who, reservation = caller(request), None
+        # Without the secret no server reports tokens (options.py refuses tpm limits then).
+        if who.charge is not None and settings.gateway_secret:
+            taken = usage.reserve(state.limits, who, wanted.body, request.url.path)
+            if isinstance(taken, Response):  # concurrent requests took what the bucket held
+                metrics.rate_limited.labels(who.tenant, "tokens").inc()
+                return taken
+            reservation = taken
+        try:
+            return await _forward(request, model, wanted, sent, reservation)
+        finally:
+            if reservation is not None:
+                reservation.release()
+
+    async def _forward(
+        request: Request,
+        model: Model,
+        wanted: target.Target,
+        sent: list[tuple[bytes, bytes]],
+        reservation: usage.Reservation | None,
     ) -> Response | Passthrough:
         labels = model.key
         count = metrics.requests.labels
@@ -187,12 +224,20 @@ def build_app(state: State) -> Starlette:
                     sent,
                     settings.upstream_timeout,
                 )
-                upstream = await unless_disconnected(send, request.receive)
+                pending = asyncio.ensure_future(send)
+                # With tokens to settle, a client that leaves does not end the request.
+                upstream = await unless_disconnected(pending, request.receive, reservation is None)
             except ClientDisconnect:
-                state.loads.end(endpoint)
+                if reservation is None:
+                    state.loads.end(endpoint)
+                else:
+                    ended = functools.partial(state.loads.end, endpoint)
+                    usage.settle_when_answered(pending, reservation, ended)
                 count(*labels, "client_closed").inc()
                 return Response(status_code=CLIENT_CLOSED)
             except UpstreamTimeout:  # it may be generating: no retry, which could repeat it
+                if reservation is not None:
+                    reservation.keep()  # what it generated is unknown: the bound stands
                 state.loads.end(endpoint)
                 count(*labels, "upstream_timeout").inc()
                 log.warning("replica %s of %s/%s sent nothing in time", endpoint, *labels)
@@ -217,18 +262,11 @@ def build_app(state: State) -> Starlette:
             path = request.url.path
             failover = Failover(state, model, key, path, body, sent, endpoint)
             done = _finish(failover, model, upstream.status)
-            # Without the secret no server reports tokens (options.py refuses tpm limits then).
-            charge = caller(request).charge if settings.gateway_secret else None
-            guess = len(body) // 4  # a prompt's tokens, roughly, if no count is reported
             if not resumable:
                 return Passthrough(
-                    upstream,
-                    done,
-                    settings.upstream_idle_timeout,
-                    charge=charge,
-                    prompt_estimate=guess,
+                    upstream, done, settings.upstream_idle_timeout, reservation=reservation
                 )
-            tracker = resume.Tracker(keep_ids=wanted.token_ids)
+            tracker = resume.Tracker(keep_ids=wanted.token_ids, room=resume.room(body))
             return Passthrough(
                 upstream,
                 done,
@@ -236,8 +274,7 @@ def build_app(state: State) -> Starlette:
                 tracker,
                 failover,
                 settings.max_resumes,
-                charge,
-                guess,
+                reservation,
             )
         count(*labels, "upstream_error").inc()
         return _with_retry_after(

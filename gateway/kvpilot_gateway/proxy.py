@@ -1,12 +1,16 @@
 """Forwarding one request to one replica and its answer back, byte for byte as it arrives.
 
-Nothing is buffered: a stream's events reach the client as the replica writes them. The client
-leaving (before the replica answered, or mid-stream) closes the upstream connection at once,
-which makes the replica abort the request and free its KV cache. A replica that breaks
+Nothing is buffered: a stream's events reach the client as the replica writes them (a
+resumable stream's whole events: resume.py). The client leaving (before the replica answered,
+or mid-stream) closes the upstream connection at once, which makes the replica abort the
+request and free its KV cache; except before the answer of a tenant with a tokens limit, which
+runs on to its headers for their count (usage.settle_when_answered). A replica that breaks
 mid-stream, or stays silent past the idle timeout, ends a stream with an error event in
 OpenAI's shape, as the server itself ends one whose request failed; any other body is cut, so
 the client sees it incomplete. One that does not start answering within the upstream timeout
-gets the client a 504 (not a retry: it may be generating).
+gets the client a 504 (not a retry: it may be generating). A resumable stream's replica that
+sends what no server sends (resume.Malformed: an endless event, one that is not JSON) ends the
+stream with an error event too, its connection closed.
 """
 
 import asyncio
@@ -22,8 +26,8 @@ from starlette.types import Receive, Scope, Send
 from kvpilot_common import trust
 from kvpilot_common.http.errors import error_body
 from kvpilot_gateway.headers import end_to_end
-from kvpilot_gateway.resume import Tracker
-from kvpilot_gateway.usage import UsageTap
+from kvpilot_gateway.resume import Malformed, Tracker
+from kvpilot_gateway.usage import Reservation, UsageTap
 
 T = TypeVar("T")
 log = logging.getLogger("kvpilot.gateway")
@@ -36,15 +40,16 @@ async def until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def unless_disconnected(work: Awaitable[T], receive: Receive) -> T:
-    """`work`'s result; ClientDisconnect (and `work` cancelled) if the client leaves first."""
+async def unless_disconnected(work: Awaitable[T], receive: Receive, cancel: bool = True) -> T:
+    """`work`'s result; ClientDisconnect if the client leaves first, `work` then cancelled
+    unless told otherwise (the caller, which passed a task, then sees to it)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(until_disconnect(receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-        if not task.done():
+        if cancel and not task.done():
             task.cancel()
     if task.done() and not task.cancelled():
         return task.result()
@@ -83,16 +88,17 @@ class Passthrough:
         tracker: Tracker | None = None,
         resume: Resume | None = None,
         max_resumes: int = 0,
-        charge: Callable[[int], None] | None = None,  # the tenant's tokens, once reported
-        prompt_estimate: int = 0,  # what to charge for the prompt if nothing is reported
+        reservation: Reservation | None = None,  # the tenant's tokens, settled at the end
     ) -> None:
         self.upstream, self.done, self.idle_timeout = upstream, done, idle_timeout
-        self.charge, self.usage = charge, UsageTap()
-        self.prompt_estimate = prompt_estimate
+        self.reservation, self.usage = reservation, UsageTap()
+        if reservation is not None:
+            reservation.taken = True
         content_type = upstream.headers.get("content-type", "")
         self.sse = content_type.startswith("text/event-stream")
         self.tracker = tracker if self.sse and upstream.status == 200 else None
         self.resume, self.max_resumes = resume, max_resumes
+        self.malformed = ""  # what the replica sent that no server sends, once it has
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome = "upstream_error"
@@ -123,25 +129,29 @@ class Passthrough:
                 self.upstream.release()  # read to its end: the connection is reused
             else:
                 self.upstream.close()  # the replica sees the connection close and aborts
-            if self.charge is not None:
-                self._charge(outcome)
+            if self.reservation is not None:
+                self._settle(self.reservation, outcome)
             self.done(outcome)
 
-    def _charge(self, outcome: str) -> None:
+    def _settle(self, reservation: Reservation, outcome: str) -> None:
         """The tenant's tokens: as the replica reported them, else (the client or the replica
-        left before the report) an estimate, so that leaving early does not dodge the limit."""
-        assert self.charge is not None
+        left before the report) an estimate, so that leaving early does not dodge the limit:
+        a stream's relayed events, each about a token (its replica stops when it is closed);
+        a whole answer's reservation, which bounds it; an error's prompt."""
         if self.usage.tokens is not None:
-            self.charge(self.usage.tokens)
+            reservation.settle(self.usage.tokens)
             return
-        self.charge(self.prompt_estimate + self.usage.events)
-        if outcome == "ok" and self.upstream.status == 200 and not self.sse:
+        if self.sse or self.upstream.status != 200:
+            reservation.settle(reservation.cost.prompt + self.usage.events)
+            return
+        reservation.keep()
+        if outcome == "ok":
             where = self.upstream.url.host, self.upstream.url.port
             if where not in _UNREPORTED:
                 _UNREPORTED.add(where)
                 log.warning(
                     "replica %s:%s sent no token count: is %s set on it as on the gateway? "
-                    "Its answers are charged to tokens-per-minute limits by estimate",
+                    "Its answers are charged to tokens-per-minute limits what they reserved",
                     *where,
                     trust.ENV,
                 )
@@ -169,7 +179,15 @@ class Passthrough:
             broke = await self._relay_events(send, tracker)
             if broke is None:
                 return "ok"
-            if self.resume is not None and resumes < self.max_resumes:
+            if broke == "malformed":  # the same fault on the next replica: no resume
+                url = self.upstream.url
+                log.warning(
+                    "replica %s:%s sent %s: its stream ends", url.host, url.port, self.malformed
+                )
+                event = error_event(f"The model replica sent {self.malformed}; retry the request")
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+                return "upstream_error"
+            if self.resume is not None and tracker.resumable and resumes < self.max_resumes:
                 upstream = await self.resume(tracker, broke)
                 if upstream is not None:
                     self.upstream.close()
@@ -192,16 +210,20 @@ class Passthrough:
 
     async def _relay_events(self, send: Send, tracker: Tracker) -> str | None:
         """Relay the current replica's whole events to its end: None when the stream is
-        complete, else why it broke (connection, idle_timeout, error_event, ended_early)."""
+        complete, else why it broke (connection, idle_timeout, error_event, ended_early,
+        malformed)."""
         content = self.upstream.content
         try:
             while chunk := await asyncio.wait_for(content.readany(), self.idle_timeout):
                 self.usage.feed(chunk)
-                relayed, failed = tracker.feed(chunk)
+                try:
+                    relayed, failed = tracker.feed(chunk)
+                except Malformed as exc:
+                    relayed, failed, self.malformed = exc.relayed, True, str(exc)
                 if relayed:
                     await send({"type": "http.response.body", "body": relayed, "more_body": True})
                 if failed:
-                    return "error_event"
+                    return "malformed" if self.malformed else "error_event"
         except UPSTREAM_ERRORS as exc:
             return "idle_timeout" if type(exc) is TimeoutError else "connection"
         return None if tracker.done else "ended_early"

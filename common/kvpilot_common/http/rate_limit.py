@@ -1,10 +1,13 @@
 """Requests and tokens per minute, per tenant: a token bucket for each, refilled continuously.
 
 A request is admitted when its tenant's request bucket holds a whole request and its token
-bucket is not in debt. Tokens are charged when a response's usage is known (its end), so a
-burst of concurrent requests can overdraw the token bucket; the tenant then waits until the
-debt is repaid, and Retry-After says how long. (OpenAI's limiter estimates a request's tokens
-at admission instead; kvpilot's gateway cannot count a prompt's tokens before a replica does.)
+bucket is not in debt. Tokens are charged when a response's usage is known (its end); the
+tenant then waits until a debt is repaid, and Retry-After says how long. Charged only at the
+end, a burst of concurrent requests would all be admitted and overdraw the bucket by all their
+answers at once; so a caller that can estimate a request's tokens before it runs (kvpilot's
+gateway, once it has read the body) reserves them: reserve() takes them while the bucket is not
+in debt, refusing otherwise, and the end charges the difference. The overdraw is then about one
+request's reservation (as OpenAI's limiter, which counts max_tokens at admission).
 
 Refusals are 429 with `Retry-After` (whole seconds, rounded up: the next request after it is
 admitted) and `retry-after-ms` (which the openai client honours first); every response of a
@@ -80,9 +83,25 @@ class RateLimits:
         return Verdict(None, None, self._headers(requests, tokens))
 
     def charge(self, key: Key, tokens: int) -> None:
+        """`tokens` used (negative: a reservation's surplus given back)."""
         bucket = self._bucket(key.tenant, "tokens", key.tpm, self.clock())
         if bucket is not None:
             bucket.level -= tokens
+
+    def reserve(self, tenant: str, tokens: int) -> float | None:
+        """Take `tokens` from an admitted tenant's token bucket ahead of its answer, unless the
+        bucket is in debt now (requests admitted meanwhile reserved it): then the seconds until
+        it is not, and nothing is taken. Checked and taken at once (one event loop, no await),
+        so each reservation starts from a bucket out of debt and overdraws it by its own tokens
+        at most. None too for a tenant without a tokens limit."""
+        bucket = self.buckets.get((tenant, "tokens"))
+        if bucket is None:
+            return None
+        bucket.refill(bucket.capacity, self.clock())  # the limit admit() saw, moments ago
+        if bucket.level < 0:
+            return bucket.wait_for(0)
+        bucket.level -= tokens
+        return None
 
     def _bucket(self, tenant: str, kind: str, limit: int | None, now: float) -> Bucket | None:
         if limit is None:

@@ -203,6 +203,22 @@ def test_tokens_per_minute_are_charged_after_and_a_debt_is_waited_out():
     assert limits.admit(key).retry_after is None
 
 
+def test_reservations_are_taken_from_a_bucket_out_of_debt_and_settled_to_what_was_used():
+    """Concurrent requests each admitted before any was charged would overdraw the bucket by
+    all their answers (four overdrew 300 tokens to 808): each reserves its estimate, and the
+    one that finds the bucket in debt is refused, so the overdraw is one reservation at most."""
+    clock, key = Clock(), parse_entry("sk-limit name=t tpm=600", "f")
+    limits = RateLimits(clock)
+    assert limits.reserve("t", 250) is None  # no tokens limit seen yet: nothing to take
+    assert all(limits.admit(key).retry_after is None for _ in range(4))  # all at once
+    assert [limits.reserve("t", 250) for _ in range(3)] == [None, None, None]  # 600 to -150
+    assert limits.reserve("t", 250) == pytest.approx(15.0)  # 150 at 10 a second; not taken
+    for _ in range(3):
+        limits.charge(key, 200 - 250)  # each used 200: the surplus back, the debt repaid
+    assert limits.admit(key).headers["x-ratelimit-remaining-tokens"] == "0"
+    assert limits.reserve("t", 250) is None
+
+
 def test_a_lowered_limit_cuts_the_bucket_and_tenants_are_apart():
     clock = Clock()
     limits = RateLimits(clock)
@@ -237,3 +253,19 @@ def test_the_gateway_reads_a_token_report_split_across_reads_and_counts_events_w
     left = UsageTap()
     left.feed(b'data: {"a": 1}\n\ndata: {"b"')  # the client left before any report
     assert left.tokens is None and left.events == 2
+
+
+def test_the_gateway_reserves_a_prompt_and_what_the_top_level_max_tokens_allow():
+    from kvpilot_gateway.usage import UNCAPPED_TOKENS, estimate
+
+    chat, completion = "/v1/chat/completions", "/v1/completions"
+    body = b'{"model": "m", "n": 2, "max_tokens": 50, "messages": []}'
+    assert estimate(body, chat).reserved == len(body) // 4 + 2 * 50
+    # A nested max_tokens (an extra field the server ignores) is no cap: its own default is.
+    decoy = b'{"model": "m", "metadata": {"max_tokens": 1, "n": 1}, "messages": []}'
+    assert estimate(decoy, chat).reserved == len(decoy) // 4 + UNCAPPED_TOKENS
+    assert estimate(decoy, completion).reserved == len(decoy) // 4 + 16  # OpenAI's default
+    both = b'{"max_tokens": 9, "max_completion_tokens": 30, "max_tokens": 40}'  # last one wins
+    assert estimate(both, chat).reserved == len(both) // 4 + 30
+    assert estimate(both, completion).reserved == len(both) // 4 + 40
+    assert estimate(b'{"input": "abcdefgh"}', "/v1/embeddings").reserved == 5
