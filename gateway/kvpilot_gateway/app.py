@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -25,17 +24,11 @@ from kvpilot_common.errors import KvpilotError, ModelNotFoundError, OverloadedEr
 from kvpilot_common.http.auth import ApiKeyMiddleware, caller
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
-from kvpilot_common.http.limits import MAX_HEADER_BYTES
-from kvpilot_common.http.rate_limit import RateLimits
-from kvpilot_gateway import adapters, headers, resume, target, usage
-from kvpilot_gateway.balance import Balancer
-from kvpilot_gateway.budget import BodyBudget, Lease
-from kvpilot_gateway.catalog import Catalog, Key, Model
+from kvpilot_gateway import adapters, budget, headers, resume, target, usage
+from kvpilot_gateway.budget import Lease
+from kvpilot_gateway.catalog import Model
 from kvpilot_gateway.failover import Failover
-from kvpilot_gateway.holding import Holds, StartingError
-from kvpilot_gateway.load import Loads
-from kvpilot_gateway.metrics import GatewayMetrics
-from kvpilot_gateway.options import Settings
+from kvpilot_gateway.holding import StartingError
 from kvpilot_gateway.proxy import (
     UPSTREAM_ERRORS,
     Passthrough,
@@ -43,41 +36,11 @@ from kvpilot_gateway.proxy import (
     open_upstream,
     unless_disconnected,
 )
+from kvpilot_gateway.state import State
 from kvpilot_gateway.status_routes import status_routes
 
 log = logging.getLogger("kvpilot.gateway")
-# What a replica's header limit leaves for the headers, below its request line's room.
-MAX_FORWARDED_HEADER_BYTES = MAX_HEADER_BYTES - (4 << 10)
 CLIENT_CLOSED = 499  # nginx's code for a client that left; only metrics and logs see it
-
-
-class State:
-    """Everything the routes share; main.py builds it and runs its background parts."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        client: aiohttp.ClientSession | None,
-        announce: Callable[[Key, int], None],
-    ) -> None:
-        self.settings, self.client = settings, client
-        self.catalog = Catalog(settings.names)
-        self.bodies = BodyBudget(settings.max_held_bytes, settings.max_held_bytes_per_tenant)
-        self.loads = Loads()
-        self.balancer = Balancer(settings.routing, settings.load_factor)
-        self.metrics = GatewayMetrics()
-        self.holds = Holds(settings, self.catalog, announce, self.metrics)
-        self.synced = False
-        self.draining = False
-        self.in_flight = 0  # read by the drain
-        self.limits = RateLimits()
-
-    def usable(self, model: Model) -> list[str]:
-        return [e for e in self.catalog.endpoints(model.key) if not self.loads.is_down(e)]
-
-    def on_drain(self) -> None:
-        """The drain began (kvpilot_common.http.serving): held requests are answered now."""
-        self.holds.close()
 
 
 def build_app(state: State) -> Starlette:
@@ -92,7 +55,8 @@ def build_app(state: State) -> Starlette:
         state.in_flight += 1
         response: Response | Passthrough | None = None
         try:
-            with state.bodies.lease(_holder(request)) as lease:
+            holder = budget.holder(caller(request).tenant, request.scope.get("client"))
+            with state.bodies.lease(holder) as lease:
                 try:
                     wanted = await _read(request, lease)
                     model = catalog.resolve(wanted.model)
@@ -113,15 +77,15 @@ def build_app(state: State) -> Starlette:
                     upstream_headers += headers.from_gateway(
                         caller(request), settings.gateway_secret
                     )
-                if headers.size(upstream_headers) > MAX_FORWARDED_HEADER_BYTES:
-                    # The replica would answer 431 in plain text: the gateway says it first.
+                refused = headers.too_large(upstream_headers)
+                if refused is not None:
                     metrics.unrouted.labels("HeadersTooLarge").inc()
-                    return error_response(
-                        431,
-                        "Request headers are too large to forward to the model: with the "
-                        f"gateway's own, {headers.size(upstream_headers)} bytes, more than "
-                        f"{MAX_FORWARDED_HEADER_BYTES}",
-                    )
+                    return error_response(431, refused)
+                resumable = bool(
+                    wanted.resumable and settings.gateway_secret and settings.max_resumes
+                )
+                # Only the replica's copy of the body is kept from here on.
+                wanted = target.for_replica(wanted, model.served, resumable)
                 response = await _route(request, model, wanted, upstream_headers)
                 return response  # type: ignore[return-value]
         finally:
@@ -164,10 +128,7 @@ def build_app(state: State) -> Starlette:
     ) -> Response | Passthrough:
         labels = model.key
         count = metrics.requests.labels
-        body = target.renamed(wanted, model.served).body  # the replica knows only its name
-        resumable = bool(wanted.resumable and settings.gateway_secret and settings.max_resumes)
-        if resumable:  # its token ids tell another replica where to go on (resume.py)
-            body = resume.with_fields(body, {"return_token_ids": True})
+        body, resumable = wanted.body, wanted.resumable  # as target.for_replica() made them
         key = wanted.key
         tried: set[str] = set()
         for attempt in range(settings.retries + 1):
@@ -316,17 +277,6 @@ def build_app(state: State) -> Starlette:
             *status_routes(state),
         ],
     )
-
-
-def _holder(request: Request) -> str:
-    """Whose share of the body budget a request takes: its tenant, or without API keys, the
-    address it came from (behind a proxy, every client of that proxy shares one: a gateway
-    open to several parties has keys)."""
-    tenant = caller(request).tenant
-    if tenant:
-        return tenant
-    client = request.scope.get("client")
-    return "address " + (client[0] if client else "unknown")
 
 
 def _refused(exc: KvpilotError) -> Response:

@@ -79,6 +79,13 @@ class Lease:
             self.budget.used -= size
 
 
+def holder(tenant: str, client: tuple[str, int] | None) -> str:
+    """Whose share a request takes: its tenant, or without API keys, the address it came from
+    (behind a proxy, every client of that proxy shares one: a gateway open to several parties
+    has keys)."""
+    return tenant or "address " + (client[0] if client else "unknown")
+
+
 class BodyBudget:
     def __init__(self, limit: int, share: int | None = None) -> None:
         self.limit, self.used = limit, 0

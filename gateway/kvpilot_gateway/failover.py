@@ -2,16 +2,12 @@
 which replica takes it next (a ready one not tried yet, by the balancer, as the first was
 picked), the load counted on whichever replica holds it now, and a resume metric by reason."""
 
-from typing import TYPE_CHECKING
-
 import aiohttp
 
 from kvpilot_gateway import resume
 from kvpilot_gateway.catalog import Model
 from kvpilot_gateway.proxy import UPSTREAM_ERRORS, UpstreamTimeout, open_upstream
-
-if TYPE_CHECKING:
-    from kvpilot_gateway.app import State
+from kvpilot_gateway.state import State
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -19,7 +15,7 @@ Headers = list[tuple[bytes, bytes]]
 class Failover:
     def __init__(
         self,
-        state: "State",
+        state: State,
         model: Model,
         key: bytes | None,
         path: str,

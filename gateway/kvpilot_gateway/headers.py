@@ -13,9 +13,12 @@ from collections.abc import Sequence
 
 from kvpilot_common import trust
 from kvpilot_common.http.auth import Caller
+from kvpilot_common.http.limits import MAX_HEADER_BYTES
 from kvpilot_gateway.options import Network
 
 Headers = list[tuple[bytes, bytes]]
+# What a replica's header limit leaves for the headers, below its request line's room.
+MAX_FORWARDED_BYTES = MAX_HEADER_BYTES - (4 << 10)
 
 HOP_HEADERS = frozenset(
     {
@@ -105,6 +108,17 @@ def to_replica(
 def size(headers: Headers) -> int:
     """Bytes of the header lines, as the replica's limit counts them (name, ": ", value, CRLF)."""
     return sum(len(k) + len(v) + 4 for k, v in headers)
+
+
+def too_large(headers: Headers) -> str | None:
+    """Why the replica would refuse these headers (431, in plain text: the gateway says it
+    first, in the API's shape); None when they fit."""
+    if size(headers) <= MAX_FORWARDED_BYTES:
+        return None
+    return (
+        "Request headers are too large to forward to the model: with the gateway's own, "
+        f"{size(headers)} bytes, more than {MAX_FORWARDED_BYTES}"
+    )
 
 
 def from_gateway(caller: Caller, secret: str) -> Headers:

@@ -18,9 +18,10 @@ from starlette.applications import Starlette
 from kvpilot_common import demand
 from kvpilot_gateway import options
 from kvpilot_gateway.announce import Announcer
-from kvpilot_gateway.app import State, build_app
+from kvpilot_gateway.app import build_app
 from kvpilot_gateway.backends import Probes
 from kvpilot_gateway.load import scrape
+from kvpilot_gateway.state import State
 from kvpilot_gateway.watch import Watches
 
 log = logging.getLogger("kvpilot.gateway")

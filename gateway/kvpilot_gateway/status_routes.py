@@ -1,20 +1,16 @@
 """The gateway's own answers: the model list (with whether each can answer now), /metrics and
 the probes. Everything else is forwarded (app.py)."""
 
-from typing import TYPE_CHECKING
-
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kvpilot_common.http.errors import error_response
-
-if TYPE_CHECKING:
-    from kvpilot_gateway.app import State
+from kvpilot_gateway.state import State
 
 
-def status_routes(state: "State") -> list[Route]:
+def status_routes(state: State) -> list[Route]:
     settings, catalog, metrics = state.settings, state.catalog, state.metrics
 
     async def models(_: Request) -> Response:

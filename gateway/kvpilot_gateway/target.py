@@ -139,12 +139,15 @@ def parse(body: bytes, prefix_chars: int | None) -> Target:
     return Target(model, key, body, resumable, parsed.get("return_token_ids") is True)
 
 
-def renamed(target: Target, served: str) -> Target:
-    """The same request under the name the replica answers to (a namespace-qualified request:
-    the replica knows only its served name): the name appended by resume.with_fields(), not
-    the body parsed and written again (which cost twice a body's size in Python objects, and
-    grew a body of non-ASCII text past the replica's limit by escaping it)."""
-    if target.model == served:
-        return target
-    body = resume.with_fields(target.body, {"model": served})
-    return dataclasses.replace(target, model=served, body=body)
+def for_replica(target: Target, served: str, resumable: bool) -> Target:
+    """The request as its replica gets it: under the name the replica answers to (a
+    namespace-qualified request: the replica knows only its served name) and, for a stream that
+    may resume elsewhere, asking for token ids (resume.py). The fields are appended by
+    resume.with_fields(), in one copy, not the body parsed and written again (which cost twice
+    a body's size in Python objects, and grew a body of non-ASCII text past the replica's limit
+    by escaping it); the client's bytes are dropped with the old Target."""
+    fields: dict[str, object] = {} if target.model == served else {"model": served}
+    if resumable:
+        fields["return_token_ids"] = True
+    body = resume.with_fields(target.body, fields) if fields else target.body
+    return dataclasses.replace(target, model=served, body=body, resumable=resumable)

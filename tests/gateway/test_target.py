@@ -8,7 +8,7 @@ import pytest
 
 from kvpilot_common.errors import InvalidRequestError
 from kvpilot_gateway.balance import prefix_key
-from kvpilot_gateway.target import FORWARDING_ROOM, parse, parse_cost, renamed
+from kvpilot_gateway.target import FORWARDING_ROOM, for_replica, parse, parse_cost
 
 CHAT = {
     "model": "chat",
@@ -63,12 +63,15 @@ def test_escapes_that_are_not_lone_surrogates_pass():
 
 def test_a_renamed_request_keeps_every_field():
     wanted = parse(json.dumps(CHAT).encode(), 1024)
-    again = renamed(wanted, "served")
+    again = for_replica(wanted, "served", resumable=False)
     assert json.loads(again.body) == {**CHAT, "model": "served"}
-    assert again.key == wanted.key and renamed(wanted, "chat") is wanted
+    assert again.key == wanted.key and for_replica(wanted, "chat", False).body == wanted.body
+    resumed = for_replica(wanted, "served", resumable=True)
+    assert json.loads(resumed.body) == {**CHAT, "model": "served", "return_token_ids": True}
+    assert resumed.resumable and not again.resumable
 
 
-def test_a_renamed_body_is_the_clients_bytes_with_the_name_appended():
+def test_a_renamed_body_is_the_clients_bytes_with_the_fields_appended():
     """Not parsed and written again: a 4 MiB body costs one copy, and text that is not ASCII
     stays as it came (json.dumps would escape it to six bytes a character)."""
     objects = b'{"model": "team-a/chat", "messages": [' + b'{"a": 1},' * 450_000 + b"{}]}"
@@ -76,13 +79,14 @@ def test_a_renamed_body_is_the_clients_bytes_with_the_name_appended():
     for body in (objects, text.encode()):
         wanted = parse(body, None)
         tracemalloc.start()
-        again = renamed(wanted, "chat")
+        again = for_replica(wanted, "chat", resumable=True)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert again.body.startswith(body[:-1])
         assert len(again.body) - len(body) <= FORWARDING_ROOM
         assert peak < 2.5 * len(body)  # the new body, and nothing built from the old
         assert parse(again.body, None).model == "chat"  # the last of a repeated key counts
+        assert json.loads(again.body)["return_token_ids"] is True
 
 
 def test_the_parse_cost_bounds_what_the_parse_builds():
