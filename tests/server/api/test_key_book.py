@@ -269,3 +269,10 @@ def test_the_gateway_reserves_a_prompt_and_what_the_top_level_max_tokens_allow()
     assert estimate(both, chat).reserved == len(both) // 4 + 30
     assert estimate(both, completion).reserved == len(both) // 4 + 40
     assert estimate(b'{"input": "abcdefgh"}', "/v1/embeddings").reserved == 5
+
+
+def test_one_key_for_two_tenants_is_refused():
+    with pytest.raises(ConfigError, match="one key is given twice, for tenants team-a and team-b"):
+        KeyBook(env_value="sk-shared-key-1 name=team-a, sk-shared-key-1 name=team-b")
+    book = KeyBook(env_value="sk-shared-key-1 name=team-a, sk-shared-key-1 name=team-a")
+    assert book.match(b"sk-shared-key-1").tenant == "team-a"  # the same key twice, one tenant
