@@ -69,6 +69,14 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         "No watches, no scale from zero",
     )
     parser.add_argument(
+        "--backend-secret",
+        action="store_true",
+        help=f"the --backend servers are kvpilot servers started with the gateway's "
+        f"${trust.ENV}: send it to them (tenants, mid-stream resume, tpm limits). Without this "
+        "flag a gateway with that secret and --backend servers does not start: a URL names any "
+        "server, and the secret would let it act as the gateway towards kvpilot's",
+    )
+    parser.add_argument(
         "--routing",
         choices=ROUTING,
         default="prefix-load",
@@ -213,6 +221,13 @@ def settings(args: argparse.Namespace, api_keys: KeyBook | None) -> Settings:
         raise ValueError(f"--trusted-proxy: {exc}") from None
     backends = parse_backends(args.backend)
     secret = trust.secret_from_env()
+    if backends and secret and not args.backend_secret:
+        raise ValueError(
+            f"${trust.ENV} is set and --backend servers are named: pass --backend-secret if "
+            "they are kvpilot servers started with it (it is sent to each of them), or unset it"
+        )
+    if args.backend_secret and not (backends and secret):
+        raise ValueError(f"--backend-secret sends ${trust.ENV} to --backend servers: name both")
     if api_keys and not secret:
         try:
             api_keys.require(_no_tokens_per_minute)

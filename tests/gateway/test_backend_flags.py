@@ -65,7 +65,8 @@ def test_tokens_per_minute_limits_need_the_gateway_secret(monkeypatch):
     with pytest.raises(ValueError, match=f"tpm limits in the key file need \\${trust.ENV}"):
         settings(_args("--backend", "a=http://h:1"), book)
     monkeypatch.setenv(trust.ENV, "s")
-    assert settings(_args("--backend", "a=http://h:1"), book).gateway_secret == "s"
+    backend = ("--backend", "a=http://h:1", "--backend-secret")
+    assert settings(_args(*backend), book).gateway_secret == "s"
     monkeypatch.delenv(trust.ENV)
     assert settings(_args("--backend", "a=http://h:1"), KeyBook.of(["sk-alpha-1"])).api_keys
 
@@ -85,3 +86,16 @@ def test_a_reload_that_adds_tpm_without_the_secret_is_refused(tmp_path, monkeypa
     assert (
         book.match(b"sk-alpha-1").tpm is None and book.match(b"sk-bravo-1") is None
     )  # kept as it was
+
+
+def test_the_secret_goes_to_backends_only_when_said(monkeypatch):
+    """A URL names any server, kvpilot's or not: the gateway's secret would let it pass for
+    the gateway towards kvpilot's servers."""
+    from kvpilot_common import trust
+
+    monkeypatch.setenv(trust.ENV, "s")
+    with pytest.raises(ValueError, match="pass --backend-secret if they are kvpilot servers"):
+        settings(_args("--backend", "a=http://h:1"), [])
+    monkeypatch.delenv(trust.ENV)
+    with pytest.raises(ValueError, match="--backend-secret sends"):
+        settings(_args("--backend", "a=http://h:1", "--backend-secret"), [])

@@ -78,7 +78,7 @@ def setup(tiny_dir, tmp_path) -> Iterator[tuple[Servers, Gateway, openai.OpenAI]
         servers = Servers(tiny_dir("llama"))
         backends = "tiny=" + ",".join(servers.urls())
         gateway = Gateway(None, None, tmp_path / "gateway.log", "--backend", backends)
-        gateway.args += ("--scrape-interval", "0.2", "--routing", "least-load")
+        gateway.args += ("--scrape-interval", "0.2", "--routing", "least-load", "--backend-secret")
         gateway.start()
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="-", max_retries=0)
         yield servers, gateway, client

@@ -27,7 +27,7 @@ def front(tmp_path_factory) -> Iterator[tuple[Gateway, Record]]:
     with rogues(2) as (urls, record):
         backend = "rogue=" + ",".join(urls)
         gateway = Gateway(None, None, tmp / "gateway.log", "--backend", backend)
-        gateway.args += ("--scrape-interval", "0.2")
+        gateway.args += ("--scrape-interval", "0.2", "--backend-secret")  # rogues: as if ours
         gateway.extra_env = {trust.ENV: SECRET}
         gateway.start()
         try:

@@ -36,7 +36,9 @@ def front(tiny_dir, tmp_path_factory) -> Iterator[tuple[str, object]]:
     proc = gateway = None
     try:
         proc, base = start_tiny_server(tiny_dir("llama"))
-        gateway = Gateway(None, None, tmp / "gateway.log", "--backend", f"tiny={base}")
+        gateway = Gateway(
+            None, None, tmp / "gateway.log", "--backend", f"tiny={base}", "--backend-secret"
+        )
         gateway.args += ("--api-key-file", str(tmp / "keys.txt"))
         gateway.start()
         yield gateway.url, proc
