@@ -8,6 +8,10 @@ attacker got and the gateway's RSS before and at its peak (sampled while the att
    objects (the shape that costs the most once parsed), held open 3 s.
 3. held_empty_arrays: the same with a body of empty arrays (a shape whose parse cannot be
    trimmed as it runs; see gateway/kvpilot_gateway/target.py).
+4. held_qualified: eight clients, each from an address of its own (so each has its share of
+   the budget), sending 4 MiB bodies of small objects that name the model with its namespace
+   (`bench/asleep`): the name the replica knows goes into the body, which once cost a parse
+   and a rewrite of the whole body.
 
 `--gateway-src DIR` runs the gateway from another checkout (PYTHONPATH=DIR/server:...): the same
 attacks against an older gateway, for a before/after in one run, e.g. a `git worktree` of an
@@ -34,6 +38,7 @@ from kvpilot_testing.kube.gateway import Gateway
 from kvpilot_testing.kube.install import install
 
 ASLEEP = "asleep"
+ATTACKS = ("header_flood", "held_small_objects", "held_empty_arrays", "held_qualified")
 SPEC = {
     "model": {"source": "builtin://smollm2-135m-instruct"},
     "resources": {"gpus": 0, "cpu": "1", "memory": "2Gi"},
@@ -60,7 +65,11 @@ def _attacks(gateway: Gateway, clients: int, size: int, hold: float) -> dict:
     out["held_empty_arrays"] = gateway_attacks.held_bodies(
         gateway.url, pid, ASLEEP, clients, size, hold, body=_empty_arrays_body(size)
     )
-    for name in ("header_flood", "held_small_objects", "held_empty_arrays"):
+    time.sleep(1)
+    out["held_qualified"] = gateway_attacks.held_bodies(
+        gateway.url, pid, f"bench/{ASLEEP}", clients=8, size=size, hold=hold, spread=True
+    )
+    for name in ATTACKS:
         attack = out[name]
         attack["peak_above_idle_mib"] = round(attack["rss_peak_mib"] - out["idle_rss_mib"], 1)
     return out
@@ -134,9 +143,8 @@ def main() -> None:
         args.out.write_text(text + "\n")
     if args.record:
         peak = "peak_above_idle_mib"
-        attacks = ("header_flood", "held_small_objects", "held_empty_arrays")
         figures = [
-            results.figure(f"{a}: RSS peak above idle", "MiB", report[a][peak]) for a in attacks
+            results.figure(f"{a}: RSS peak above idle", "MiB", report[a][peak]) for a in ATTACKS
         ]
         figures.append(results.figure("idle RSS", "MiB", report["idle_rss_mib"]))
         run.record(figures, "none (the goal: at most 100 MiB above idle)", report)
