@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import Iterator
 
 from kvpilot_common.errors import OverloadedError, PayloadTooLargeError
+from kvpilot_common.http.limits import MAX_BODY_BYTES
 
 RETRY_AFTER_SECONDS = 1  # bodies leave as soon as replicas answer: seconds, not minutes
 
@@ -77,6 +78,19 @@ class Lease:
             yield
         finally:
             self.budget.used -= size
+
+
+def tenant_share(limit: int, given: int | None) -> int:
+    """What one holder may hold of `limit` (--max-held-bytes-per-tenant, `given`); ValueError
+    saying why when it cannot be. By default a quarter, so that it takes several tenants, each
+    at its share, to fill the gateway; never less than one whole body, nor more than all."""
+    share = given or min(limit, max(limit // 4, MAX_BODY_BYTES))
+    if not min(MAX_BODY_BYTES, limit) <= share <= limit:
+        raise ValueError(
+            f"--max-held-bytes-per-tenant {share}: from the largest body ({MAX_BODY_BYTES}, "
+            f"or all of --max-held-bytes if less) to --max-held-bytes ({limit})"
+        )
+    return share
 
 
 def holder(tenant: str, client: tuple[str, int] | None) -> str:

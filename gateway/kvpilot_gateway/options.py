@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from kvpilot_common import trust
 from kvpilot_common.errors import ConfigError
 from kvpilot_common.http.keys import Key, KeyBook
-from kvpilot_common.http.limits import BODY_TIMEOUT, MAX_BODY_BYTES, add_http_limit_args
+from kvpilot_common.http.limits import BODY_TIMEOUT, add_http_limit_args
+from kvpilot_gateway.budget import tenant_share
 from kvpilot_gateway.names import Policy, parse_reservations
 
 ROUTING = ("prefix-load", "least-load", "round-robin")
@@ -43,7 +44,7 @@ class Settings:
     body_timeout: float = BODY_TIMEOUT
     # Request bodies in memory at once (being read, held for a starting model, being sent).
     max_held_bytes: int = 32 << 20
-    # Of them, what one tenant may hold (budget.py); default_share() when not given.
+    # Of them, what one tenant may hold (budget.tenant_share()).
     max_held_bytes_per_tenant: int = 8 << 20
     names: Policy = field(default_factory=Policy)
     trusted_proxies: tuple[Network, ...] = ()  # whose X-Forwarded-For / Forwarded are kept
@@ -238,12 +239,7 @@ def settings(args: argparse.Namespace, api_keys: KeyBook | None) -> Settings:
             "--backend and --namespace exclude each other: without Kubernetes "
             "there is nothing to watch"
         )
-    share = args.max_held_bytes_per_tenant or default_share(args.max_held_bytes)
-    if not min(MAX_BODY_BYTES, args.max_held_bytes) <= share <= args.max_held_bytes:
-        raise ValueError(
-            f"--max-held-bytes-per-tenant {share}: from the largest body ({MAX_BODY_BYTES}, "
-            f"or all of --max-held-bytes if less) to --max-held-bytes ({args.max_held_bytes})"
-        )
+    share = tenant_share(args.max_held_bytes, args.max_held_bytes_per_tenant)
     return Settings(
         backends=backends,
         namespaces=tuple(args.namespace),
@@ -267,12 +263,6 @@ def settings(args: argparse.Namespace, api_keys: KeyBook | None) -> Settings:
         names=Policy(parse_reservations(args.reserve), tuple(args.prefer_namespace)),
         trusted_proxies=proxies,
     )
-
-
-def default_share(limit: int) -> int:
-    """A quarter of the bodies' budget, so that it takes several tenants, each at its share, to
-    fill the gateway; but never less than one whole body, nor more than the budget."""
-    return min(limit, max(limit // 4, MAX_BODY_BYTES))
 
 
 def parse_backends(values: list[str]) -> Backends:
