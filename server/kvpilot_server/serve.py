@@ -81,6 +81,7 @@ def _serve(args: argparse.Namespace, engine, model: str, keys, lora_modules: dic
     app = build_app(engine, settings)
     app.state.adapters.max_loaded = args.max_loaded_adapters
     app.state.adapters.max_per_tenant = args.max_adapters_per_tenant
+    app.state.adapters.modules = frozenset(lora_modules)
     for name, path in lora_modules.items():
         asyncio.run(app.state.adapters.add(name, path))
         log.info("LoRA adapter %s loaded from %s", name, path)

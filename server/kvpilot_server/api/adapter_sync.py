@@ -8,7 +8,9 @@ gone from it is unloaded; one whose entry changed is loaded again. One that fail
 with the reason and not retried until its entry changes, so a bad adapter costs one attempt,
 not one a poll. The list's adapters are the operator's (api/adapters.py): a key with
 adapters=all may unload one, which then stays unloaded until its entry changes. Adapters loaded
-through the run-time routes are not this list's to unload, even under a name it once loaded.
+through the run-time routes are not this list's to unload, even under a name it once loaded;
+but a name on the list is the operator's, loaded or not: no run-time load takes it, and a
+tenant's adapter found under a name the list now declares is unloaded for the list's.
 """
 
 import asyncio
@@ -44,6 +46,7 @@ class AdapterSync:
 
     async def once(self) -> None:
         wanted = {entry.name: entry for entry in self.wanted()}
+        self.adapters.listed = frozenset(wanted)  # declared, loaded or not: no tenant takes one
         for name, entry in list(self.loaded.items()):
             if wanted.get(name) != entry:
                 if await self.adapters.remove(name):
@@ -54,7 +57,7 @@ class AdapterSync:
                 continue
             try:
                 await asyncio.to_thread(_fetch, entry)
-                await self.adapters.add(name, entry.path)
+                await self.adapters.claim(name, entry.path)
             except (KvpilotError, OSError, subprocess.SubprocessError) as exc:
                 self.failed[name] = entry
                 log.error("LoRA adapter %s from %s cannot be served: %s", name, entry.source, exc)

@@ -79,6 +79,12 @@ class Adapters:
         self.runtime_dir = runtime_dir.resolve() if runtime_dir is not None else None
         # name -> the tenant that loaded it ("" without API keys); None: the operator's
         self.owners: dict[str, str | None] = {}
+        # The names the operator declares, loaded or not (before the list's first load, while
+        # an entry downloads, after it failed or an adapters=all key unloaded it): `kvpilot
+        # serve` sets --lora-modules', the list sync its entries'. No run-time load takes one:
+        # the gateway routes such a name to these pods for every tenant.
+        self.modules: frozenset[str] = frozenset()
+        self.listed: frozenset[str] = frozenset()
         # The caps on what the routes load (the operator's own do not count: it sized those);
         # `kvpilot serve` sets them from its flags.
         self.max_loaded, self.max_per_tenant = MAX_LOADED_ADAPTERS, MAX_ADAPTERS_PER_TENANT
@@ -114,6 +120,15 @@ class Adapters:
             )
         await self.engine.load_adapter(name, path)
         self.owners[name] = owner
+
+    async def claim(self, name: str, path: str) -> None:
+        """Load one of the operator's adapters (the list's): a tenant's adapter that sits under
+        the name (loaded before the name was declared) is unloaded first, the operator's
+        declaration winning, and no run-time load slips in between."""
+        async with self._lock:
+            if self.owners.get(name) is not None:
+                await self._unload(name)
+            await self.add(name, path)
 
     async def remove(self, name: str) -> bool:
         """Unload an adapter of the operator's (the list's); False when `name` is none now: a
@@ -186,6 +201,12 @@ class Adapters:
     def _taken(self, name: str, tenant: str) -> Response | None:
         """A 403 when another owns `name`; AdapterError (400) past a cap. 400, not 429: waiting
         frees nothing until someone unloads, and clients retry a 429 on their own."""
+        if name in self.modules or name in self.listed:
+            return error_response(
+                403,
+                f"{name!r} names an adapter the operator declares (--lora-modules or the "
+                "adapter list): choose another name",
+            )
         if name in self.owners and self.owners[name] != tenant:
             return error_response(
                 403,

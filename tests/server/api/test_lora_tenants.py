@@ -9,9 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvpilot_common import adapter_list
 from kvpilot_common.errors import AdapterError
 from kvpilot_server.api.adapters import parse_modules
 from kvpilot_server.commands import add_serve_args
+from kvpilot_testing.kube.cluster import wait_for
 from kvpilot_testing.live_server import start_tiny_server, stop_server
 from kvpilot_testing.lora import AdapterSpec, build_adapter
 
@@ -33,11 +35,19 @@ def lora_dir(tmp_path_factory, tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir, lora_dir, tmp_path_factory):
+def adapter_list_file(tmp_path_factory) -> Path:
+    """The operator's list (its ConfigMap), empty to begin with."""
+    path = tmp_path_factory.mktemp("tenant-list") / "adapters.json"
+    path.write_text(adapter_list.encode([]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, lora_dir, adapter_list_file, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("tenant-keys") / "keys.txt"
     key_file.write_text(KEYS)
     proc, base = start_tiny_server(
-        tiny_dir("llama"), "--api-key-file", str(key_file),
+        tiny_dir("llama"), "--api-key-file", str(key_file), "--lora-config", str(adapter_list_file),
         "--lora-modules", f"op-first={lora_dir / 'attn'}", f"op-spare={lora_dir / 'attn'}",
         "--lora-modules", f"op-second={lora_dir / 'attn'}",  # repeated: both are served
         "--allow-runtime-lora-updating", "--lora-dir", str(lora_dir),
@@ -91,6 +101,9 @@ def test_only_a_key_with_adapters_all_unloads_what_the_operator_or_others_loaded
     assert _unload(server, ADMIN, "b-tone").status_code == 200
     assert _unload(server, ADMIN, "op-spare").status_code == 200
     assert "op-spare" not in _models(server)
+    # Unloaded, the name is still the operator's: no tenant serves its weights under it.
+    assert _refused(_load(server, A1, "op-spare"), 403, "the operator declares")
+    assert _refused(_load(server, ADMIN, "op-spare"), 403, "the operator declares")
 
 
 def test_run_time_adapters_are_capped_per_tenant_and_in_all(server):
@@ -145,3 +158,27 @@ def test_lora_modules_given_twice_add_up_and_a_name_twice_is_refused():
     twice = parser.parse_args(["--lora-modules", "a=/x", "--lora-modules", "a=/y"])
     with pytest.raises(AdapterError, match="names 'a' twice"):
         parse_modules(twice.lora_modules)
+
+
+def test_a_name_the_operators_list_declares_is_taken_back_from_a_tenant(
+    server, lora_dir, adapter_list_file
+):
+    """A tenant that loaded a name before the operator's list declared it (or while the list's
+    entry downloaded) does not keep it: the list's sync unloads the tenant's and serves its own,
+    and no tenant loads under the name after."""
+    assert _load(server, A1, "late").status_code == 200
+    entry = adapter_list.Entry("late", "pvc://claim/attn", str(lora_dir / "attn"))
+    adapter_list_file.write_text(adapter_list.encode([entry]))
+    try:
+        # Asked by a tenant that may unload nothing of others': whose it is, changing nothing.
+        wait_for(
+            "the list to take its name back",
+            lambda: _refused(_unload(server, B1, "late"), 403, "loaded by the operator"),
+            timeout=30,
+            interval=0.5,
+        )
+        assert _refused(_unload(server, A1, "late"), 403, "loaded by the operator")
+        assert _refused(_load(server, B1, "late"), 403, "the operator declares")
+        assert "late" in _models(server)
+    finally:
+        adapter_list_file.write_text(adapter_list.encode([]))
