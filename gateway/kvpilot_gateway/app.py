@@ -50,7 +50,19 @@ def build_app(state: State) -> Starlette:
         if state.draining:
             return _with_retry_after(503, "Draining: this gateway replica is shutting down", 1)
         # Taken before the body is read: nothing a chunked body's trailer says is forwarded.
-        sent = list(request.headers.raw)
+        client = request.scope.get("client")
+        upstream_headers = headers.to_replica(
+            list(request.headers.raw),
+            client[0] if client else None,
+            request.url.scheme,
+            settings.trusted_proxies,
+        )
+        if settings.gateway_secret:
+            upstream_headers += headers.from_gateway(caller(request), settings.gateway_secret)
+        refused = headers.too_large(upstream_headers)
+        if refused is not None:  # known before the body: it is not read
+            metrics.unrouted.labels("HeadersTooLarge").inc()
+            return error_response(431, refused, headers={"Connection": "close"})
         # Counted until the answer's last byte (Passthrough's end), for the drain.
         state.in_flight += 1
         response: Response | Passthrough | None = None
@@ -66,21 +78,6 @@ def build_app(state: State) -> Starlette:
                 except ClientDisconnect:
                     metrics.unrouted.labels("ClientDisconnect").inc()
                     return Response(status_code=CLIENT_CLOSED)
-                client = request.scope.get("client")
-                upstream_headers = headers.to_replica(
-                    sent,
-                    client[0] if client else None,
-                    request.url.scheme,
-                    settings.trusted_proxies,
-                )
-                if settings.gateway_secret:
-                    upstream_headers += headers.from_gateway(
-                        caller(request), settings.gateway_secret
-                    )
-                refused = headers.too_large(upstream_headers)
-                if refused is not None:
-                    metrics.unrouted.labels("HeadersTooLarge").inc()
-                    return error_response(431, refused)
                 resumable = bool(
                     wanted.resumable and settings.gateway_secret and settings.max_resumes
                 )

@@ -44,8 +44,8 @@ class Settings:
     body_timeout: float = BODY_TIMEOUT
     # Request bodies in memory at once (being read, held for a starting model, being sent).
     max_held_bytes: int = 32 << 20
-    # Of them, what one tenant may hold (budget.tenant_share()).
-    max_held_bytes_per_tenant: int = 8 << 20
+    # Of them, what one tenant may hold; None: budget.tenant_share()'s default.
+    max_held_bytes_per_tenant: int | None = None
     names: Policy = field(default_factory=Policy)
     trusted_proxies: tuple[Network, ...] = ()  # whose X-Forwarded-For / Forwarded are kept
     backends: Backends = ()  # given: no Kubernetes, these servers (backends.py)

@@ -9,7 +9,7 @@ import aiohttp
 
 from kvpilot_common.http.rate_limit import RateLimits
 from kvpilot_gateway.balance import Balancer
-from kvpilot_gateway.budget import BodyBudget
+from kvpilot_gateway.budget import BodyBudget, tenant_share
 from kvpilot_gateway.catalog import Catalog, Key, Model
 from kvpilot_gateway.holding import Holds
 from kvpilot_gateway.load import Loads
@@ -28,7 +28,8 @@ class State:
     ) -> None:
         self.settings, self.client = settings, client
         self.catalog = Catalog(settings.names)
-        self.bodies = BodyBudget(settings.max_held_bytes, settings.max_held_bytes_per_tenant)
+        limit = settings.max_held_bytes
+        self.bodies = BodyBudget(limit, tenant_share(limit, settings.max_held_bytes_per_tenant))
         self.loads = Loads()
         self.balancer = Balancer(settings.routing, settings.load_factor)
         self.metrics = GatewayMetrics()

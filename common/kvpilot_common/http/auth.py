@@ -35,9 +35,10 @@ class Caller:
     adapters: str | None = None  # the key's `adapters=` (http/keys.py); None: no say over them
 
 
+ANONYMOUS = Caller()  # a request no middleware saw: no rights beyond the routes' own
 # No API keys: everyone is one tenant, and what the server's flags allow, everyone may (a
 # server started with --allow-runtime-lora-updating and no keys lets anyone load adapters).
-ANONYMOUS = Caller(adapters=ADAPTERS_ALL)
+NO_KEYS = Caller(adapters=ADAPTERS_ALL)
 
 
 def caller(request: Request) -> Caller:
@@ -81,7 +82,7 @@ class ApiKeyMiddleware:
             if self.limits is not None and (key.rpm or key.tpm):
                 verdict = self.limits.admit(key)
         else:
-            who = ANONYMOUS
+            who = NO_KEYS
         if verdict is not None and verdict.retry_after is not None:
             assert key is not None and verdict.limit is not None
             self.refused(key.tenant, verdict.limit)

@@ -125,14 +125,16 @@ def _entries(lines: list[str], source: str) -> list[Key]:
 def settle(keys: list[Key]) -> list[Key]:
     """Each key with its tenant's settings: what any of the tenant's keys sets (weight 1 when
     none does). ConfigError when two keys of one tenant set one thing differently, or one key
-    is given for two tenants (which it is would be the last line's, silently)."""
+    is given twice unlike (for two tenants, or with other settings: the last line's would win,
+    silently)."""
     settings: dict[str, dict[str, float | int]] = {}
-    seen: dict[bytes, str] = {}
+    seen: dict[bytes, Key] = {}
     for key in keys:
-        if seen.setdefault(digest(key.secret), key.tenant) != key.tenant:
+        first = seen.setdefault(digest(key.secret), key)
+        if first != key:
             raise ConfigError(
-                f"one key is given twice, for tenants {seen[digest(key.secret)]} and "
-                f"{key.tenant}: give each key once"
+                f"one key is given twice, for tenants {first.tenant} and {key.tenant}, not "
+                "alike: give each key once"
             )
         known = settings.setdefault(key.tenant, {})
         for field in ("weight", "rpm", "tpm"):

@@ -271,8 +271,10 @@ def test_the_gateway_reserves_a_prompt_and_what_the_top_level_max_tokens_allow()
     assert estimate(b'{"input": "abcdefgh"}', "/v1/embeddings").reserved == 5
 
 
-def test_one_key_for_two_tenants_is_refused():
+def test_one_key_given_twice_unlike_is_refused():
     with pytest.raises(ConfigError, match="one key is given twice, for tenants team-a and team-b"):
         KeyBook(env_value="sk-shared-key-1 name=team-a, sk-shared-key-1 name=team-b")
+    with pytest.raises(ConfigError, match="given twice, for tenants team-a and team-a, not alike"):
+        KeyBook(env_value="sk-shared-key-1 name=team-a, sk-shared-key-1 name=team-a adapters=all")
     book = KeyBook(env_value="sk-shared-key-1 name=team-a, sk-shared-key-1 name=team-a")
     assert book.match(b"sk-shared-key-1").tenant == "team-a"  # the same key twice, one tenant
