@@ -105,7 +105,9 @@ def build_app(state: State) -> Starlette:
         who, reservation = caller(request), None
         # Without the secret no server reports tokens (options.py refuses tpm limits then).
         if who.charge is not None and settings.gateway_secret:
-            taken = usage.reserve(state.limits, who, wanted.body, request.url.path)
+            scraped = (state.loads.scraped(e) for e in state.usable(model))
+            context = max((load.context for load in scraped if load is not None), default=0)
+            taken = usage.reserve(state.limits, who, wanted.body, request.url.path, context)
             if isinstance(taken, Response):  # concurrent requests took what the bucket held
                 metrics.rate_limited.labels(who.tenant, "tokens").inc()
                 return taken

@@ -25,12 +25,13 @@ class Load:
     kv_usage: float  # fraction of KV blocks held by requests (cached free blocks not counted)
     adapters: frozenset[str] = frozenset()  # LoRA adapters in the engine's slots now
     slots: int = 0  # the engine's LoRA slots (0: it serves none)
+    context: int = 0  # the engine's max_model_len (0: not reported): what an answer may reach
 
 
 def parse_load(text: str) -> Load:
     """Raises ValueError on text that is not the Prometheus exposition format."""
     waiting = running = kv_usage = 0.0
-    adapters, slots = set(), 0
+    adapters, slots, context = set(), 0, 0
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == names.LORA_RESIDENT and s.value:
@@ -43,7 +44,9 @@ def parse_load(text: str) -> Load:
                 running += s.value
             elif s.name == names.KV_CACHE_USAGE:
                 kv_usage = max(kv_usage, s.value)
-    return Load(waiting, running, kv_usage, frozenset(adapters), slots)
+            elif s.name == names.ENGINE_INFO and s.labels.get("max_model_len", "").isdigit():
+                context = int(s.labels["max_model_len"])
+    return Load(waiting, running, kv_usage, frozenset(adapters), slots, context)
 
 
 @dataclass

@@ -6,7 +6,8 @@ skip. A resumed stream's last replica reports the whole answer's, so the last re
 
 Those reports come at the end, so the gateway also reserves a request's tokens when it routes
 it (estimate(): its prompt, a token per four bytes of body, and what `n` x `max_tokens` lets
-it generate) and settles the reservation once, to the report or, without one, to an estimate:
+it generate; without `max_tokens`, a chat may run to the context its replicas report) and
+settles the reservation once, to the report or, without one, to an estimate:
 a stream's relayed events, each about a token. A tenant's concurrent requests can then
 overdraw its limit by about one request's reservation, not by as many answers as it sends at
 once. A request whose client leaves before the replica's answer begins still costs what the
@@ -34,9 +35,10 @@ _EVENT = b"data: {"
 _KEEP = len(_MARK) + 24  # a report split across two reads is still found
 # /v1/completions without max_tokens: OpenAI's default, and the server's.
 COMPLETION_DEFAULT_TOKENS = 16
-# A chat without max_tokens may run to the model's context, which the gateway does not know.
-# Reserved instead: too little only loosens the bound on a tenant's overdraw (the report
-# settles the charge); too much would refuse concurrent chats that the limit allows.
+# A chat without max_tokens may run to the model's context: reserved as that, from what its
+# replicas report (load.py). Before any has been scraped (a model woken from zero), this
+# instead: too little only loosens the bound on a tenant's overdraw for that request (the
+# report settles the charge); too much would refuse concurrent chats that the limit allows.
 UNCAPPED_TOKENS = 1024
 MAX_CHOICES = 16  # a server refuses more (docs/limits.md)
 _FIELDS = frozenset({"n", "max_tokens", "max_completion_tokens"})
@@ -53,7 +55,7 @@ def _fields(pairs: list[tuple[str, object]]) -> dict | None:
     return {k: v for k, v in pairs if k in _FIELDS} or None
 
 
-def estimate(body: bytes, path: str) -> Cost:
+def estimate(body: bytes, path: str, context: int = 0) -> Cost:
     """What a request may cost. The body is parsed again keeping only these keys, as
     target.parse keeps its own (the top level's object is the hook's last call): the body
     budget judged what that parse builds already, and it runs to its end before any other
@@ -72,7 +74,7 @@ def estimate(body: bytes, path: str) -> Cost:
     cap = (fields.get("max_completion_tokens") if chat else None) or fields.get("max_tokens")
     if type(cap) is not int or cap < 1:  # absent or null: the server's default
         uncapped = chat or "max_tokens" in fields  # a completion's null: up to the context
-        cap = UNCAPPED_TOKENS if uncapped else COMPLETION_DEFAULT_TOKENS
+        cap = (context or UNCAPPED_TOKENS) if uncapped else COMPLETION_DEFAULT_TOKENS
     return Cost(prompt, prompt + choices * cap)
 
 
@@ -101,11 +103,13 @@ class Reservation:
             self.settle(0)
 
 
-def reserve(limits: RateLimits, who: Caller, body: bytes, path: str) -> Reservation | Response:
+def reserve(
+    limits: RateLimits, who: Caller, body: bytes, path: str, context: int = 0
+) -> Reservation | Response:
     """The request's tokens taken from its tenant's bucket, or the 429 that refuses it when
     the requests admitted with it have taken what the bucket held."""
     assert who.charge is not None
-    cost = estimate(body, path)
+    cost = estimate(body, path, context)
     wait = limits.reserve(who.tenant, cost.reserved)
     if wait is None:
         return Reservation(who.charge, cost)

@@ -25,6 +25,7 @@ def test_parse_a_live_servers_metrics(tiny_server):
     assert load.waiting == 0.0
     assert load.running == 0.0
     assert 0.0 <= load.kv_usage <= 1.0
+    assert load.context == 256  # the tiny server's --max-model-len: a chat's most
 
 
 def test_scrape_marks_the_live_endpoint_up_and_the_dead_one_down(tiny_server):

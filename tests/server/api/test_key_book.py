@@ -255,22 +255,6 @@ def test_the_gateway_reads_a_token_report_split_across_reads_and_counts_events_w
     assert left.tokens is None and left.events == 2
 
 
-def test_the_gateway_reserves_a_prompt_and_what_the_top_level_max_tokens_allow():
-    from kvpilot_gateway.usage import UNCAPPED_TOKENS, estimate
-
-    chat, completion = "/v1/chat/completions", "/v1/completions"
-    body = b'{"model": "m", "n": 2, "max_tokens": 50, "messages": []}'
-    assert estimate(body, chat).reserved == len(body) // 4 + 2 * 50
-    # A nested max_tokens (an extra field the server ignores) is no cap: its own default is.
-    decoy = b'{"model": "m", "metadata": {"max_tokens": 1, "n": 1}, "messages": []}'
-    assert estimate(decoy, chat).reserved == len(decoy) // 4 + UNCAPPED_TOKENS
-    assert estimate(decoy, completion).reserved == len(decoy) // 4 + 16  # OpenAI's default
-    both = b'{"max_tokens": 9, "max_completion_tokens": 30, "max_tokens": 40}'  # last one wins
-    assert estimate(both, chat).reserved == len(both) // 4 + 30
-    assert estimate(both, completion).reserved == len(both) // 4 + 40
-    assert estimate(b'{"input": "abcdefgh"}', "/v1/embeddings").reserved == 5
-
-
 def test_one_key_given_twice_unlike_is_refused():
     with pytest.raises(ConfigError, match="one key is given twice, for tenants team-a and team-b"):
         KeyBook(env_value="sk-shared-key-1 name=team-a, sk-shared-key-1 name=team-b")
