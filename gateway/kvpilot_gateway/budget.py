@@ -17,6 +17,7 @@ http/body.py's (a minimum rate): together they bound both how much and how long.
 """
 
 import contextlib
+import ipaddress
 from collections.abc import Iterator
 
 from kvpilot_common.errors import OverloadedError, PayloadTooLargeError
@@ -94,10 +95,16 @@ def tenant_share(limit: int, given: int | None) -> int:
 
 
 def holder(tenant: str, client: tuple[str, int] | None) -> str:
-    """Whose share a request takes: its tenant, or without API keys, the address it came from
-    (behind a proxy, every client of that proxy shares one: a gateway open to several parties
-    has keys)."""
-    return tenant or "address " + (client[0] if client else "unknown")
+    """Whose share a request takes: its tenant, or without API keys, the address it came from,
+    an IPv6 one by its /64, which one host holds whole (behind a proxy, every client of that
+    proxy shares one: a gateway open to several parties has keys)."""
+    if tenant:
+        return tenant
+    address = client[0] if client else "unknown"
+    if ":" in address:
+        with contextlib.suppress(ValueError):
+            address = str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return "address " + address
 
 
 class BodyBudget:

@@ -153,9 +153,13 @@ class Tracker:
     def _identity(self, body: dict) -> None:
         """The response's id and created, which a continuation carries to the next replica."""
         id, created = body.get("id", self.id), body.get("created", self.created)
-        if id is not None and not (isinstance(id, str) and len(id) <= MAX_ID_CHARS):
-            raise Malformed("an id that is not a short string")
-        if created is not None and (type(created) is not int or created < 0):
+        # ASCII and short, as a server's ids are: json.dumps would write other text six bytes
+        # a character, past the room a continuation leaves them.
+        if id is not None and not (
+            isinstance(id, str) and len(id) <= MAX_ID_CHARS and id.isascii()
+        ):
+            raise Malformed("an id that is not a short ASCII string")
+        if created is not None and (type(created) is not int or not 0 <= created < 2**63):
             raise Malformed("a created that is not a time")
         self.id, self.created = id, created
 

@@ -44,3 +44,6 @@ def test_shares_and_holders():
         tenant_share(32 * MIB, MIB)  # less than one whole body
     assert holder("team-a", ("10.0.0.1", 5)) == "team-a"
     assert holder("", ("10.0.0.1", 5)) == "address 10.0.0.1"
+    # One host holds a whole /64: rotating its addresses gets it no more shares.
+    assert holder("", ("2001:db8::1", 5)) == holder("", ("2001:db8::ffff:1", 5))
+    assert holder("", ("2001:db8::1", 5)) != holder("", ("2001:db8:0:1::1", 5))

@@ -107,6 +107,8 @@ def test_an_endless_event_is_cut_at_the_bound_after_the_whole_events_before_it()
         '{"choices": [{"token_ids": [-1]}]}',
         '{"id": "' + "x" * 10_000 + '", "choices": []}',  # carried into every continuation
         '{"created": "soon", "choices": []}',
+        '{"id": "' + "\\u00e9" * 100 + '", "choices": []}',  # six bytes a character, written
+        '{"created": ' + "9" * 4300 + ', "choices": []}',  # a number no clock reaches
         '{"choices": [{"delta": {}, "x": NaN}]}',  # the client's parser would refuse it
     ],
 )
