@@ -107,7 +107,7 @@ def build_app(state: State) -> Starlette:
         if who.charge is not None and settings.gateway_secret:
             scraped = (state.loads.scraped(e) for e in state.usable(model))
             context = max((load.context for load in scraped if load is not None), default=0)
-            taken = usage.reserve(state.limits, who, wanted.body, request.url.path, context)
+            taken = usage.reserve(state.limits, who, wanted, request.url.path, context)
             if isinstance(taken, Response):  # concurrent requests took what the bucket held
                 metrics.rate_limited.labels(who.tenant, "tokens").inc()
                 return taken

@@ -36,6 +36,8 @@ from kvpilot_gateway.balance import prefix_key
 FORWARDING_ROOM = 1 << 10
 MAX_CLIENT_BODY_BYTES = MAX_BODY_BYTES - FORWARDING_ROOM
 CONTINUE = "kvpilot_continue"  # the gateway's own field: a takeover of a broken stream
+# What a request may generate, for its tenant's tokens per minute (usage.estimate()).
+LENGTH_KEYS = ("n", "max_tokens", "max_completion_tokens")
 
 # The keys prefix_key() and the model lookup read, at any depth; every other key is dropped as
 # its object is parsed.
@@ -43,6 +45,7 @@ ROUTING_KEYS = frozenset(
     {"model", "messages", "prompt", "role", "content", "type", "text"}
     | {"stream", "n", "return_token_ids"}  # whether a stream can resume elsewhere (resume.py)
     | {CONTINUE}  # refused from a client
+    | set(LENGTH_KEYS)
 )
 # A \uD800-\uDFFF escape whose backslash is not itself escaped; group 1: its four hex digits.
 _SURROGATE = re.compile(rb"(?<!\\)(?:\\\\)*\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
@@ -55,6 +58,9 @@ class Target:
     body: bytes  # what the replica gets
     resumable: bool = False  # a stream of one choice: it can go on from another replica
     token_ids: bool = False  # the client asked for token ids itself (return_token_ids)
+    # The top level's LENGTH_KEYS as the client sent them (absent: not there): read by the one
+    # parse routing makes, so that a tokens limit parses nothing again.
+    lengths: tuple[tuple[str, object], ...] = ()
 
 
 # Bytes the parse builds, at most, per array (a list and its slot), per object (cut to None by
@@ -136,7 +142,8 @@ def parse(body: bytes, prefix_chars: int | None) -> Target:
         raise InvalidRequestError("model: a model name is required", "model")
     key = prefix_key(parsed, prefix_chars) if prefix_chars is not None else None
     resumable = parsed.get("stream") is True and parsed.get("n", 1) in (1, None)
-    return Target(model, key, body, resumable, parsed.get("return_token_ids") is True)
+    lengths = tuple((k, parsed[k]) for k in LENGTH_KEYS if k in parsed)
+    return Target(model, key, body, resumable, parsed.get("return_token_ids") is True, lengths)
 
 
 def for_replica(target: Target, served: str, resumable: bool) -> Target:

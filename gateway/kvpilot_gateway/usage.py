@@ -17,7 +17,6 @@ the count of a whole answer (a stream's come after its first token and are close
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from kvpilot_common import trust
 from kvpilot_common.http.auth import Caller
 from kvpilot_common.http.errors import error_response
 from kvpilot_common.http.rate_limit import RateLimits, Verdict, refusal_headers
+from kvpilot_gateway.target import Target
 
 _HEADER = trust.USAGE_HEADER.encode()
 _MARK = b": " + trust.USAGE_COMMENT.encode() + b" "
@@ -41,7 +41,6 @@ COMPLETION_DEFAULT_TOKENS = 16
 # report settles the charge); too much would refuse concurrent chats that the limit allows.
 UNCAPPED_TOKENS = 1024
 MAX_CHOICES = 16  # a server refuses more (docs/limits.md)
-_FIELDS = frozenset({"n", "max_tokens", "max_completion_tokens"})
 _SETTLING: set[asyncio.Task] = set()  # the waits for answers whose clients left
 
 
@@ -51,23 +50,13 @@ class Cost:
     reserved: int  # the prompt's and what the answer may add
 
 
-def _fields(pairs: list[tuple[str, object]]) -> dict | None:
-    return {k: v for k, v in pairs if k in _FIELDS} or None
-
-
-def estimate(body: bytes, path: str, context: int = 0) -> Cost:
-    """What a request may cost. The body is parsed again keeping only these keys, as
-    target.parse keeps its own (the top level's object is the hook's last call): the body
-    budget judged what that parse builds already, and it runs to its end before any other
-    (no await), only for tenants with a tokens limit."""
-    prompt = len(body) // 4
+def estimate(target: Target, path: str, context: int = 0) -> Cost:
+    """What a request may cost: its prompt, a token per four bytes of body, and what its top
+    level's `n` and `max_tokens` let it generate, as routing's parse found them."""
+    prompt = len(target.body) // 4
     if path.endswith("/embeddings"):  # an embedding's input is all it costs
         return Cost(prompt, prompt)
-    try:
-        parsed = json.loads(body, object_pairs_hook=_fields)
-    except (ValueError, RecursionError):  # target.parse refused these: not reached
-        parsed = None
-    fields = parsed if isinstance(parsed, dict) else {}
+    fields = dict(target.lengths)
     n = fields.get("n")
     choices = min(n, MAX_CHOICES) if type(n) is int and n > 0 else 1
     chat = path.endswith("/chat/completions")
@@ -104,12 +93,12 @@ class Reservation:
 
 
 def reserve(
-    limits: RateLimits, who: Caller, body: bytes, path: str, context: int = 0
+    limits: RateLimits, who: Caller, target: Target, path: str, context: int = 0
 ) -> Reservation | Response:
     """The request's tokens taken from its tenant's bucket, or the 429 that refuses it when
     the requests admitted with it have taken what the bucket held."""
     assert who.charge is not None
-    cost = estimate(body, path, context)
+    cost = estimate(target, path, context)
     wait = limits.reserve(who.tenant, cost.reserved)
     if wait is None:
         return Reservation(who.charge, cost)
