@@ -7,7 +7,9 @@
 # node (containerd, the kubelet; the images it runs, built from the Dockerfile in a step of
 # their own first). Each step's time is printed and kept in test-results/steps.jsonl, and each
 # pytest step's per-test times in test-results/ (kvpilot_testing.durations). Extra args go to
-# one pytest run instead of the two steps.
+# one pytest run instead of the two steps. `--quick` is the developer's inner loop: set-up, lint
+# and types, then every test that needs no control plane, no real node and no SmolLM2 (the
+# tiers kvpilot_testing.tiers marks); CI runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p test-results
@@ -23,10 +25,19 @@ step() {  # name, command...: run it, say how long it took, return its status
   return "$status"
 }
 
+lint() { .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy; }
+
 step "set-up" ./scripts/setup.sh
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  step "lint and types" lint
+  KVPILOT_DURATIONS=test-results/quick.json step "quick tests (no k8s, e2e or slow)" \
+    .venv/bin/python -m pytest --quick "$@"
+  exit
+fi
 step "control plane binaries" bash -c "./scripts/controlplane.sh >/dev/null"
 step "node tools" ./scripts/node.sh
-step "lint and types" bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy'
+step "lint and types" lint
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi

@@ -24,13 +24,21 @@ pytest_plugins = ["kvpilot_testing.durations"]  # every run's per-test times, to
 
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
+    """The bundled model itself: a test that asks for it is marked slow (kvpilot_testing.tiers)."""
     return builtin_path("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory, smollm2) -> "functools.partial[Path]":
+def smollm2_tokenizer() -> Path:
+    """The bundled model's directory, for its tokenizer only: the tiny models borrow it, and a
+    test that only tokenizes is not slow."""
+    return builtin_path("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, smollm2_tokenizer) -> "functools.partial[Path]":
     root = tmp_path_factory.mktemp("tiny")
-    return functools.partial(_tiny, root, smollm2)
+    return functools.partial(_tiny, root, smollm2_tokenizer)
 
 
 def _tiny(root: Path, tokenizer_dir: Path, name: str) -> Path:
@@ -38,11 +46,12 @@ def _tiny(root: Path, tokenizer_dir: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def small_vocab_dir(tmp_path_factory, smollm2) -> "functools.partial[Path]":
+def small_vocab_dir(tmp_path_factory, smollm2_tokenizer) -> "functools.partial[Path]":
     """Tiny models on a tokenizer of 512 tokens trained in the run (kvpilot_testing.small_vocab):
     for tests that sample thousands of tokens."""
     root = tmp_path_factory.mktemp("small-vocab")
-    return functools.partial(_tiny, root, build_small_vocab_tokenizer(root / "tokenizer", smollm2))
+    tokenizer = build_small_vocab_tokenizer(root / "tokenizer", smollm2_tokenizer)
+    return functools.partial(_tiny, root, tokenizer)
 
 
 @pytest.fixture(params=sorted(TINY_MODELS))
@@ -51,10 +60,10 @@ def tiny_model(request, tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
-def corpus_ids(smollm2) -> list[int]:
+def corpus_ids(smollm2_tokenizer) -> list[int]:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer)
     ids = tokenizer(CORPUS).input_ids
     return (ids * (2048 // len(ids) + 1))[:2048]
 
