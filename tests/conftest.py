@@ -94,14 +94,26 @@ def hf_greedy():
 def kube(tmp_path_factory) -> Iterator[Installed]:
     """etcd, kube-apiserver and kube-controller-manager on 127.0.0.1 for the whole session, with
     the chart installed by `helm install` (watching all namespaces): the CRD, the operator's
-    ServiceAccount and RBAC. Fails every test that uses it, saying why, if it cannot start."""
-    plane = ControlPlane(tmp_path_factory.mktemp("controlplane"))
+    ServiceAccount and RBAC; and one real operator under that ServiceAccount for every test
+    whose namespace it watches (kvpilot_testing.kube.operator). Fails every test that uses it,
+    saying why, if it cannot start."""
+    from kvpilot_testing.kube.install import observe_namespaces
+    from kvpilot_testing.kube.operator import WATCHED, Operator
+
+    workdir = tmp_path_factory.mktemp("controlplane")
+    plane, shared = ControlPlane(workdir), None
     try:
         plane.start(controller_manager=False)
         installed = install(plane, "--set", "watch.scope=All")
+        observe_namespaces(plane)
         plane.start_controller_manager()  # its garbage collector sees the CRD from the start
+        shared = Operator(installed.operator_kubeconfig, workdir / "operator.log", (f"{WATCHED}*",))
+        installed.operator = shared.start()
+        shared.wait()
         yield installed
     finally:
+        if shared is not None:
+            shared.stop()
         plane.stop()
 
 

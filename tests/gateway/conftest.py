@@ -6,14 +6,27 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvpilot_testing.kube.cluster import Cluster
 from kvpilot_testing.kube.node import Node, serve_tiny
+from kvpilot_testing.kube.operator import namespace
 from tests.gateway.live import Live
 
 
 @pytest.fixture
-def live(kube, kube_namespace, tmp_path, tiny_dir) -> Iterator[Live]:
-    """Operator not started: a test calls live.operator() when it wants it."""
-    cluster = kube_namespace
+def live_watched() -> bool:
+    """Whether the session's operator watches the test's namespace from the start (a module
+    whose operator is only infrastructure says True); otherwise no operator acts there until
+    the test calls live.operator(), which starts a private one."""
+    return False
+
+
+@pytest.fixture
+def live(kube, live_watched, request, tmp_path, tiny_dir) -> Iterator[Live]:
+    with namespace(kube, request.node.name, watched=live_watched) as cluster:
+        yield from _live(kube, cluster, tmp_path, tiny_dir)
+
+
+def _live(kube, cluster: Cluster, tmp_path, tiny_dir) -> Iterator[Live]:
     kubeconfig = getattr(kube, "gateway_kubeconfig", None) or kube.plane.kubeconfig
     env = Live(cluster, kubeconfig, tmp_path)
     # The pod's extra server flags are looked up when it starts: a test sets live.pod_args

@@ -76,5 +76,8 @@ class Live:
         return gateway.start() if start else gateway
 
     def operator(self) -> None:
-        self.cluster.start_operator(self.tmp / "operator.log")
-        self.cluster.wait_for_operator()
+        """An operator acting here from now on: the session's, where it watches this
+        namespace already, or a private one."""
+        if not self.cluster.shared:
+            self.cluster.start_operator(self.tmp / "operator.log")
+            self.cluster.wait_for_operator()

@@ -13,6 +13,7 @@ import pytest
 
 from kvpilot_testing import attacks
 from kvpilot_testing.kube.cluster import MD, create_namespace
+from kvpilot_testing.kube.gateway import Gateway
 from kvpilot_testing.raw_http import CLOSED, address, raw_request
 from tests.gateway.live import spec
 
@@ -165,10 +166,13 @@ def test_body_limits_hold_at_the_gateway(live):
     assert status == 200  # and it still serves
 
 
-def test_an_empty_key_source_stops_the_gateway_at_start(live, tmp_path):
+def test_an_empty_key_source_stops_the_gateway_at_start(kube, tmp_path):
+    """Refused before it watches anything: the session's control plane, no namespace of its
+    own."""
     empty = tmp_path / "keys"
     empty.write_text("# no key yet\n")
-    gateway = live.gateway("--api-key-file", str(empty), start=False)
+    log = tmp_path / "gateway.log"
+    gateway = Gateway(kube.gateway_kubeconfig, "default", log, "--api-key-file", str(empty))
     with pytest.raises(RuntimeError, match="exited"):
         gateway.start(timeout=30)
     assert gateway.process is not None and gateway.process.wait(timeout=10) == 1

@@ -22,6 +22,12 @@ from tests.gateway.live import pod_metric, spec
 LONG = {"prompt": "The river", "max_tokens": 240, "ignore_eos": True, "temperature": 0}
 
 
+@pytest.fixture
+def live_watched() -> bool:
+    """The operator is only what makes the replicas here: the session's serves."""
+    return True
+
+
 def _one_replica(live, *args: str, env: dict | None = None):
     live.cluster.create(MD, {"metadata": {"name": "chat"}, "spec": spec(1, autoscaling=False)})
     live.operator()

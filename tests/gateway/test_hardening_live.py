@@ -20,6 +20,7 @@ import pytest
 from kvpilot_common.naming import INSTANCE_LABEL, MANAGED_BY
 from kvpilot_testing import attacks, gateway_attacks
 from kvpilot_testing.kube.cluster import MD, PODS, Cluster, create_namespace, wait_for
+from kvpilot_testing.kube.gateway import Gateway
 from kvpilot_testing.kube.node import Node, serve_tiny
 from kvpilot_testing.raw_http import CLOSED, raw_request
 from tests.gateway.live import spec
@@ -311,7 +312,10 @@ def test_trailers_connection_headers_and_forwarding_headers_do_not_cross(live):
     assert answer.status_code == 200 and "x-hop" not in answer.headers
 
 
-def test_the_gateway_refuses_a_bad_reservation_at_start(live):
-    gateway = live.gateway("--reserve", "meta-llama/*", start=False)
+def test_the_gateway_refuses_a_bad_reservation_at_start(kube, tmp_path):
+    """Refused before it watches anything: the session's control plane, no namespace of its
+    own."""
+    log = tmp_path / "gateway.log"
+    gateway = Gateway(kube.gateway_kubeconfig, "default", log, "--reserve", "meta-llama/*")
     with pytest.raises(RuntimeError, match="PATTERN=NAMESPACE"):
         gateway.start(timeout=30)

@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from kvpilot_common import metric_names as names
 from kvpilot_gateway.balance import Balancer, prefix_key
@@ -22,6 +23,12 @@ from kvpilot_testing.kube.node import PORT
 from tests.gateway.live import pod_metric, spec
 
 WORDS = CORPUS.split()
+
+
+@pytest.fixture
+def live_watched() -> bool:
+    """The operator is only what makes the replicas here: the session's serves."""
+    return True
 
 
 def _both_ready(gateway, model: str = "chat") -> None:

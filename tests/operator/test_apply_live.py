@@ -21,7 +21,10 @@ def _pod_spec(cluster, name: str) -> dict:
     return cluster.get(DEPLOYMENTS, name)["spec"]["template"]["spec"]
 
 
-def test_removed_fields_leave_the_child_and_other_managers_fields_stay(cluster, tmp_path: Path):
+def test_removed_fields_leave_the_child_and_other_managers_fields_stay(
+    own_operator, tmp_path: Path
+):
+    cluster = own_operator
     cluster.create(MD, {"metadata": {"name": "applied"}, "spec": SPEC})
     wait_for("the Deployment", lambda: cluster.get(DEPLOYMENTS, "applied"))
     before = _pod_spec(cluster, "applied")

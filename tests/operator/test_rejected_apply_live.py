@@ -46,7 +46,10 @@ def body() -> dict:
     return md
 
 
-def test_a_refused_spec_is_degraded_once_and_a_fixed_one_applies(cluster, kube, body, tmp_path):
+def test_a_refused_spec_is_degraded_once_and_a_fixed_one_applies(
+    own_operator, kube, body, tmp_path
+):
+    cluster = own_operator  # its own: the test reads its log
     cluster.create(MD, body)  # the CRD accepts it
     wait_for(
         "Degraded InvalidPodSpec",

@@ -3,19 +3,17 @@ objects, and the real `kvpilot operator` as a subprocess, run as the chart runs 
 namespace, or those given) under the kubeconfig it is given (the chart's ServiceAccount, so the
 chart's RBAC applies to every call it makes)."""
 
-import os
-import signal
+import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from kvpilot_testing.kube.controlplane import ControlPlane
-from kvpilot_testing.live_server import free_port
+
+if TYPE_CHECKING:
+    from kvpilot_testing.kube.operator import Operator
 
 MD = "/apis/kvpilot.dev/v1alpha1/namespaces/{ns}/modeldeployments"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"
@@ -60,63 +58,74 @@ def create_namespace(plane: ControlPlane, name: str) -> None:
     )
 
 
+_names: list[str] = []  # every namespace name used in this process, for unique new ones
+
+
+def namespace_name(test: str, prefix: str = "") -> str:
+    """A new namespace name for a test: `prefix`, its words, a count."""
+    words = re.sub(r"[^a-z0-9]+", "-", test.lower()).strip("-")[:40].strip("-")
+    name = f"{prefix}{words}-{len(_names)}"
+    _names.append(name)
+    return name
+
+
+def delete_namespace(cluster: "Cluster") -> None:
+    """Its pods deleted as a kubelet finishes them (no kubelet is left to), then the namespace:
+    it goes at once instead of staying Terminating, so an operator watching it lets it go."""
+    for pod in cluster.list(PODS):
+        cluster.http.request(
+            "DELETE", cluster.path(PODS, pod["metadata"]["name"]), json={"gracePeriodSeconds": 0}
+        )
+    cluster.http.delete(f"/api/v1/namespaces/{cluster.ns}")
+
+
 class Cluster:
     def __init__(self, plane: ControlPlane, namespace: str, operator_kubeconfig: Path) -> None:
         self.plane, self.ns = plane, namespace
         self.kubeconfig = operator_kubeconfig
         self.http = plane.client()
-        self.operator: subprocess.Popen | None = None
-        self.liveness = ""  # the operator's liveness URL
+        self._operator: Operator | None = None  # a private one
+        self.shared = False  # the session's shared operator watches this namespace
 
     # -- the operator -------------------------------------------------------------------------
 
+    @property
+    def operator(self) -> subprocess.Popen | None:
+        """The private operator's process, while one runs."""
+        return self._operator.process if self._operator is not None else None
+
+    @property
+    def liveness(self) -> str:
+        return self._operator.liveness if self._operator is not None else ""
+
     def start_operator(
-        self, log: Path, metrics_port: int = 0, namespaces: tuple[str, ...] = ()
+        self, log: Path, metrics_port: int = 0, namespaces: tuple[str, ...] | None = None
     ) -> None:
-        """`metrics_port` 0: no /metrics. No `namespaces`: it watches all (the chart's scope
-        All, installed for the session); tests clean their namespace up before it stops."""
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KVPILOT_IMAGE": "kvpilot:test"}
-        self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
-        cmd = [sys.executable, "-m", "kvpilot_common.cli", "operator"]
-        cmd += [f"--namespace={n}" for n in namespaces]
-        cmd += ["--liveness", self.liveness, "--metrics-port", str(metrics_port)]
-        self._log = log.open("ab")
-        self.operator = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        """A private operator: `metrics_port` 0: no /metrics; `namespaces` None: this one
+        only, so that it never acts beside the session's shared operator (operator.py)."""
+        from kvpilot_testing.kube.operator import Operator
+
+        watched = (self.ns,) if namespaces is None else namespaces
+        self._operator = Operator(self.kubeconfig, log, watched, metrics_port).start()
 
     def wait_for_operator(self) -> None:
-        """Until kopf runs (its liveness endpoint answers). A real API server hands the
-        operator, when it starts watching, every object made before: nothing else to wait for."""
-
-        def alive() -> bool:
-            if self.operator is not None and self.operator.poll() is not None:
-                raise RuntimeError(f"the operator exited with {self.operator.returncode}")
-            try:
-                return httpx.get(self.liveness, timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for("the operator's liveness endpoint", alive, timeout=60, interval=0.2)
+        assert self._operator is not None
+        self._operator.wait()
 
     def stop_operator(self) -> None:
-        if self.operator is None:
-            return
-        self.operator.send_signal(signal.SIGTERM)
-        try:
-            self.operator.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.operator.kill()
-            self.operator.wait()
-        self._log.close()
-        self.operator = None
+        if self._operator is not None:
+            self._operator.stop()
+            self._operator = None
 
     def delete_model_deployments(self, timeout: float = 30) -> None:
         """Delete every ModelDeployment here and wait until they are gone, so that no later
-        test's operator inherits them. With an operator running, its finalizer lets each go
-        once the operator has seen the deletion; without one, a finalizer an earlier operator
-        left is cleared by a patch (starting an operator only to clear it costs seconds)."""
+        test's operator inherits them. With an operator running (a private one, or the shared
+        one watching here), its finalizer lets each go once the operator has seen the
+        deletion; without one, a finalizer an earlier operator left is cleared by a patch
+        (starting an operator only to clear it costs seconds)."""
         for md in self.list(MD):
             self.delete(MD, md["metadata"]["name"])
-        if self.operator is None:
+        if self.operator is None and not self.shared:
             for md in self.list(MD):
                 if md["metadata"].get("finalizers"):  # a 404: it went meanwhile, as wanted
                     path = self.path(MD, md["metadata"]["name"])

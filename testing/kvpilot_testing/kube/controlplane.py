@@ -59,6 +59,13 @@ def terminate(process: subprocess.Popen, grace_s: float = 15) -> None:
             process.wait()
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Readers see the old file or the whole new one, never a part."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 class ControlPlane:
     """Started by start(), stopped (every process by PID) by stop(); files live in `workdir`."""
 
@@ -70,7 +77,10 @@ class ControlPlane:
         self.controllers = CONTROLLERS + ("" if address != "127.0.0.1" else WITHOUT_NODES)
         self.processes: list[tuple[str, subprocess.Popen, Path]] = []
         self.url = ""
-        self.ca = workdir / "pki" / "apiserver.crt"  # the API server's self-signed certificate
+        # The API server's self-signed certificate as it writes it, and the copy everybody
+        # reads: made once a TLS handshake verified against it, by rename (never half there).
+        self.served_cert = workdir / "pki" / "apiserver.crt"
+        self.ca = workdir / "ca.crt"
         self.kubeconfig = workdir / "kubeconfig"  # the admin's
         self.audit_log = workdir / "audit.log"
 
@@ -173,16 +183,24 @@ class ControlPlane:
             ],
         )
         self.url = f"https://{self.address}:{port}"
-        self.wait_for("the API server's certificate", self._certificate_written, 60)
-        self.wait_for("kube-apiserver /readyz", lambda: self.get("/readyz") is not None, 90)
+        self.wait_for("kube-apiserver /readyz over its whole certificate", self._ready, 90)
 
-    def _certificate_written(self) -> bool:
-        """The API server writes its certificate in place, not by rename: the file can exist
-        and still be empty or half written, so wait until it loads."""
+    def _ready(self) -> bool:
+        """The API server writes its certificate file in place, not by rename, and it holds
+        two certificates (the serving one, then its CA): a read can find it empty, or cut after
+        the first, which loads but verifies nothing. So the bytes read count only once a TLS
+        handshake verified against them and /readyz answered; then they go to self.ca by
+        rename, and no reader ever opens the file the API server writes."""
         try:
-            ssl.create_default_context(cafile=str(self.ca))
-        except OSError:  # missing, or not yet a whole one (ssl.SSLError is an OSError)
+            pem = self.served_cert.read_text()
+            context = ssl.create_default_context(cadata=pem)
+        except (OSError, ValueError):  # missing, empty, or a block cut short
             return False
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        with httpx.Client(base_url=self.url, verify=context, headers=headers, timeout=5) as http:
+            if http.get("/readyz").status_code != 200:
+                return False
+        _write_atomically(self.ca, pem)
         return True
 
     def _controller_manager_args(self) -> list[str]:
@@ -247,7 +265,7 @@ class ControlPlane:
             "contexts": [{"name": "kvpilot", "context": context}],
             "current-context": "kvpilot",
         }
-        path.write_text(yaml.safe_dump(config))
+        _write_atomically(path, yaml.safe_dump(config))  # an operator may be reading it
         return path
 
     def service_account_token(self, namespace: str, name: str, seconds: int = 7200) -> str:

@@ -4,9 +4,14 @@ the operator's and the gateway's pods would have: a token of each one's ServiceA
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from kvpilot_operator.permissions import CLUSTER_WHEN_NAMESPACED
 from kvpilot_testing.kube.controlplane import ControlPlane
 from kvpilot_testing.paths import CHART
+
+if TYPE_CHECKING:
+    from kvpilot_testing.kube.operator import Operator
 
 RELEASE, NAMESPACE = "kvpilot", "kvpilot-system"
 CRD_NAME = "modeldeployments.kvpilot.dev"
@@ -40,6 +45,7 @@ class Installed:
     # (gateway.enabled=false).
     gateway_kubeconfig: Path | None = None
     gateway_user: str | None = None
+    operator: "Operator | None" = None  # the session's shared one (kube/operator.py)
 
 
 def _kubeconfig(plane: ControlPlane, account: str) -> tuple[Path, str]:
@@ -59,3 +65,27 @@ def install(plane: ControlPlane, *values: str, release: str = RELEASE) -> Instal
     if plane.get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{gateway}") is not None:
         installed.gateway_kubeconfig, installed.gateway_user = _kubeconfig(plane, gateway)
     return installed
+
+
+def observe_namespaces(plane: ControlPlane, release: str = RELEASE) -> None:
+    """What the chart grants an operator watching named namespaces on top of a release that
+    watches all (kube/operator.py: the shared operator's namespace pattern, and the private
+    ones' own namespace, both watch by name): kopf's namespace observer, from the one
+    declaration the chart's RBAC is generated from."""
+    name = f"{release}-test-namespace-observer"
+    rules = [
+        {"apiGroups": [p.api_group], "resources": [p.resource], "verbs": list(p.verbs)}
+        for p in CLUSTER_WHEN_NAMESPACED
+    ]
+    role = {"metadata": {"name": name}, "rules": rules}
+    binding = {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": f"{release}-operator", "namespace": NAMESPACE}
+        ],
+    }
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    with plane.client() as http:
+        http.post(f"{rbac}/clusterroles", json=role).raise_for_status()
+        http.post(f"{rbac}/clusterrolebindings", json=binding).raise_for_status()
