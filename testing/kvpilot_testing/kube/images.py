@@ -7,7 +7,8 @@ root), written as an OCI archive and imported into the node's containerd. Nothin
 - WORKLOAD_IMAGE, tools/node/workload.c: sleeps until SIGTERM, or holds memory, or exits 0 (an
   exec probe), as uid 1000;
 - kvpilot's own images, a target of the Dockerfile each (project_image), built by
-  scripts/build-image.sh on a Debian base it makes with debootstrap (no registry is asked).
+  scripts/build-image.sh on a Debian base it makes with debootstrap (no registry is asked), pip
+in the build taking its wheels from scripts/setup.sh's wheelhouse (kube/wheelhouse.py).
 
 Archives are cached by a hash of their inputs, so an unchanged image is not rebuilt."""
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from kvpilot_testing.kube.controlplane import BIN_DIR
 from kvpilot_testing.kube.realnode import CONFIGS, SANDBOX_IMAGE
+from kvpilot_testing.kube.wheelhouse import build_args
 from kvpilot_testing.paths import ROOT
 
 CACHE = BIN_DIR.parent / "images"
@@ -95,8 +97,10 @@ def project_image(target: str) -> tuple[str, Path]:
     if archive.is_file():
         return name, archive
     CACHE.mkdir(parents=True, exist_ok=True)
+    # --layers: buildah keeps each step's result and reuses it while the step and what came
+    # before are unchanged, so a change to the sources does not install torch again.
     build = subprocess.run(
-        [ROOT / "scripts/build-image.sh", target],
+        [ROOT / "scripts/build-image.sh", target, "--layers", *build_args()],
         env={**os.environ, "LOCAL_BASE": "always", "IMAGE": name, "STORAGE_DRIVER": STORAGE_DRIVER},
         capture_output=True,
         text=True,
