@@ -9,7 +9,9 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 
@@ -21,6 +23,7 @@ from kvpilot_testing.live_server import start_tiny_server, stop_server
 from tests.gateway.live import metric_at
 
 SECRET = "shared-by-gateway-and-servers"
+RESUMES, RETRIES = names.GATEWAY_RESUMES, names.GATEWAY_RETRIES
 LONG = ["--max-model-len", "1024", "--kv-cache-bytes", "64MiB"]
 ASK = {
     "model": "tiny",
@@ -31,12 +34,25 @@ ASK = {
 
 
 class Servers:
+    """Two servers on fixed ports for the module: a test kills one, the next test's setup starts
+    it again on its port (the gateway's --backend list names the ports)."""
+
     def __init__(self, model_dir) -> None:
         self.model_dir = model_dir
-        self.running: list = [start_tiny_server(model_dir, *LONG) for _ in range(2)]
+        with ThreadPoolExecutor(2) as pool:  # their start-ups overlap
+            self.running: list = list(
+                pool.map(lambda _: start_tiny_server(model_dir, *LONG), (0, 1))
+            )
 
     def urls(self) -> list[str]:
         return [base for _, base in self.running]
+
+    def revive(self) -> None:
+        """Start again, on its port, each server a test killed."""
+        for i, (proc, base) in enumerate(self.running):
+            if proc.poll() is not None:
+                port = int(base.rsplit(":", 1)[1])
+                self.running[i] = start_tiny_server(self.model_dir, *LONG, port=port)
 
     def busy(self) -> int:
         """The one generating now."""
@@ -67,28 +83,57 @@ class Servers:
         for proc, _ in self.running:
             if proc.poll() is None:
                 stop_server(proc)
-            proc.log.close()
+            else:
+                proc.log.close()
 
 
-@pytest.fixture
-def setup(tiny_dir, tmp_path) -> Iterator[tuple[Servers, Gateway, openai.OpenAI]]:
-    os.environ[trust.ENV] = SECRET
+@pytest.fixture(scope="module")
+def running(tiny_dir, tmp_path_factory) -> Iterator[tuple[Servers, Gateway]]:
+    """The servers and the gateway, shared by the module's tests (each kills one server)."""
+    os.environ[trust.ENV] = SECRET  # the servers and the gateway read it at start
     servers = gateway = None
     try:
         servers = Servers(tiny_dir("llama"))
         backends = "tiny=" + ",".join(servers.urls())
-        gateway = Gateway(None, None, tmp_path / "gateway.log", "--backend", backends)
+        log = tmp_path_factory.mktemp("failover") / "gateway.log"
+        gateway = Gateway(None, None, log, "--backend", backends)
         gateway.args += ("--scrape-interval", "0.2", "--routing", "least-load", "--backend-secret")
-        gateway.start()
-        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="-", max_retries=0)
-        yield servers, gateway, client
+        yield servers, gateway.start()
     finally:
         del os.environ[trust.ENV]
         if gateway is not None:
             gateway.stop()
-            print(gateway.log()[-3000:])
         if servers is not None:
             servers.stop()
+
+
+@pytest.fixture
+def setup(running) -> Iterator[tuple[Servers, Gateway, openai.OpenAI, "Counts"]]:
+    """Both servers up and seen usable by the gateway; its counters as they stand."""
+    servers, gateway = running
+    servers.revive()
+    wait_for("the gateway to use both servers", lambda: _usable(gateway) == 2, timeout=30)
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="-", max_retries=0)
+    try:
+        yield servers, gateway, client, Counts(gateway)
+    finally:
+        print(gateway.log()[-3000:])  # shown by pytest when the test fails
+
+
+def _usable(gateway: Gateway) -> int:
+    cards = httpx.get(f"{gateway.url}/v1/models", timeout=5).json()["data"]
+    return next((c["ready_replicas"] for c in cards if c["id"] == "tiny"), 0)
+
+
+class Counts:
+    """A gateway counter's growth since the test began (the gateway outlives the test)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.before = {name: gateway.metric(name) for name in (RESUMES, RETRIES)}
+
+    def since(self, name: str) -> float:
+        return self.gateway.metric(name) - self.before[name]
 
 
 def _read(chunks) -> tuple[str, list[int], object]:
@@ -111,7 +156,7 @@ def _stream(client, sampling: dict):
     "sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 17}], ids=["greedy", "seeded"]
 )
 def test_a_stream_whose_server_is_killed_goes_on_from_the_other_unchanged(setup, sampling):
-    servers, gateway, client = setup
+    servers, _, client, counts = setup
     expected = _read(_stream(client, sampling))
     assert len(expected[1]) == expected[2].completion_tokens == 600
 
@@ -121,11 +166,11 @@ def test_a_stream_whose_server_is_killed_goes_on_from_the_other_unchanged(setup,
     got = _read([first, *chunks])
     assert got[0] == expected[0] and got[1] == expected[1]
     assert got[2].completion_tokens == 600 and got[2].prompt_tokens == expected[2].prompt_tokens
-    assert gateway.metric(names.GATEWAY_RESUMES) == 1
+    assert counts.since(RESUMES) == 1
 
 
 def test_a_non_streamed_request_whose_server_is_killed_is_answered_by_the_other(setup):
-    servers, gateway, client = setup
+    servers, _, client, counts = setup
     sampling = {"temperature": 0.8, "seed": 5}
     expected = client.chat.completions.create(**ASK, **sampling)
     answers: list = []
@@ -139,4 +184,4 @@ def test_a_non_streamed_request_whose_server_is_killed_is_answered_by_the_other(
     assert answers, f"no answer after {time.monotonic() - started:.0f} s"
     assert answers[0].choices[0].message.content == expected.choices[0].message.content
     assert answers[0].usage.completion_tokens == 600
-    assert gateway.metric(names.GATEWAY_RETRIES) == 1
+    assert counts.since(RETRIES) == 1
