@@ -4,9 +4,11 @@ reports it unschedulable), reports it running and ready, and finishes deleting p
 kubelet does once its containers stopped (the API server waits for that on bound pods).
 
 With `serve`, every pod gets a real `kvpilot serve` on its own 127.0.0.x address and the pod
-port, reported as the pod's IP once it answers, as a kubelet starts the container. `serve` is
-given the address and the pod, so the server can follow the pod's container args (the served
-model name the gateway routes by).
+port, reported running and ready, with the address as its IP, once `ready` says it answers, as
+a kubelet starts the container and probes it. `serve` is given the address and the pod, so the
+server can follow the pod's container args (the served model name the gateway routes by); it
+returns at once, so the loop goes on with other pods while a server loads, and stop() holds
+every process started, loaded or not, and stops each by PID.
 
 A real node exists (kube/realnode.py, tests/e2e/): what a kubelet, containerd and the scheduler
 do is tested there, the operator and gateway run as pods from their image. What stays played
@@ -17,6 +19,9 @@ a real scheduler only shows after pods fill it."""
 
 import itertools
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -31,6 +36,8 @@ NODE = "kvpilot-test-node"
 PORT = 8000  # the model server's port in the pod template (render.py)
 # (address, pod) -> a handle for stop_server: starts the model server the pod's container runs.
 Serve = Callable[[str, dict], Any]
+# (handle, address) -> whether that server answers now; raises once it never will (it exited).
+Ready = Callable[[Any, str], bool]
 # The IP of a pod without a server: loopback, where nothing listens on the pod port, so a scrape
 # of it is refused at once.
 NO_SERVER = "127.0.0.254"
@@ -108,11 +115,19 @@ class Node:
         cluster: Cluster,
         serve: Serve | None = None,
         stop_server: Callable[[Any], None] | None = None,
+        ready: Ready | None = None,
     ) -> None:
+        """Without `ready`, a pod is reported ready as soon as `serve` returns."""
         self.cluster, self.serve, self.stop_server = cluster, serve, stop_server
+        self.ready = ready
         self.schedulable = True
         self.unschedulable_message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
         self.servers: dict[str, tuple[Any, str]] = {}  # pod name -> (server, address)
+        self._starting: dict[str, dict] = {}  # pod name -> pod, while its server does not answer
+        # Held while a server starts and while stop() takes them all: stop() sees every server
+        # started, and none starts after it, whatever the loop's thread is doing then.
+        self._lock = threading.Lock()
+        self._stopped = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
@@ -127,6 +142,7 @@ class Node:
                 self._finish_deleting(name)
             elif not pod["spec"].get("nodeName"):
                 self._place(pod)
+        self._probe()
 
     def _place(self, pod: dict) -> None:
         name = pod["metadata"]["name"]
@@ -145,8 +161,32 @@ class Node:
         address = NO_SERVER
         if self.serve is not None:
             address = self._free_address()
-            self.servers[name] = (self.serve(address, pod), address)
+            with self._lock:
+                if self._stopped:
+                    return
+                self.servers[name] = (self.serve(address, pod), address)
+            if self.ready is not None:
+                self._starting[name] = pod  # running once it answers (_probe)
+                return
         self._report(name, running(pod, address))
+
+    def _probe(self) -> None:
+        """The readiness probe of each server still starting: its pod is reported running and
+        ready once it answers; one that exited is an error (shown if the test fails)."""
+        for name, pod in list(self._starting.items()):
+            started = self.servers.get(name)
+            if started is None or self._stopped:  # its pod went meanwhile, or stop() took it
+                del self._starting[name]
+                continue
+            try:
+                answers = self.ready is not None and self.ready(*started)
+            except RuntimeError as exc:
+                del self._starting[name]
+                self.errors.append(f"{name}: {exc}")
+                continue
+            if answers:
+                del self._starting[name]
+                self._report(name, running(pod, started[1]))
 
     def _free_address(self) -> str:
         """The next 127.0.x.y of this process whose pod port nobody listens on: another test run
@@ -178,10 +218,10 @@ class Node:
         )
 
     def _kill(self, name: str) -> None:
-        if name in self.servers:
-            server, _ = self.servers.pop(name)
-            if self.stop_server is not None:
-                self.stop_server(server)
+        with self._lock:  # the loop and stop() may both stop one: only one gets it
+            started = self.servers.pop(name, None)
+        if started is not None and self.stop_server is not None:
+            self.stop_server(started[0])
 
     def addresses(self) -> list[str]:
         return [address for _, address in list(self.servers.values())]
@@ -201,11 +241,16 @@ class Node:
         self._thread.start()
 
     def stop(self) -> None:
+        """Every server started is stopped by its process, loaded or still loading, whatever
+        the loop is doing (a pass held up by a slow API server); after this none starts."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(60)
-        for name in list(self.servers):
+        with self._lock:
+            self._stopped = True
+            names = list(self.servers)
+        for name in names:
             self._kill(name)
+        if self._thread is not None:
+            self._thread.join(30)  # a pass ends with its API call's timeout; it starts nothing
 
 
 def container_flag(pod: dict, flag: str) -> str | None:
@@ -224,18 +269,35 @@ def serve_tiny(
     model_dir: Path,
     *server_args: str,
     extra_args: Callable[[dict], Sequence[str]] | None = None,
-) -> tuple[Serve, Callable]:
-    """(serve, stop_server) for Node: a real `kvpilot serve` of a tiny model per pod, under the
-    served model name the pod's container asks for (the gateway routes by it), or "tiny" for a
-    pod without one. `extra_args(pod)` adds flags for one pod (one replica made slow)."""
-    from kvpilot_testing.live_server import start_tiny_server, stop_server
+) -> tuple[Serve, Callable, Ready]:
+    """(serve, stop_server, ready) for Node: a real `kvpilot serve` of a tiny model per pod,
+    named as the pod's container asks (the gateway routes by it), or "tiny". `extra_args(pod)`
+    adds flags for one pod. Started here with live_server.start_tiny_server's flags, not by it:
+    it returns once the server answers, and until then nobody could stop the process."""
+    from kvpilot_testing.live_server import stop_server
 
-    def serve(address: str, pod: dict) -> Any:
+    def serve(address: str, pod: dict) -> subprocess.Popen:
         name = container_flag(pod, "--served-model-name") or "tiny"
         more = extra_args(pod) if extra_args is not None else ()
-        process, _ = start_tiny_server(
-            model_dir, *server_args, *more, host=address, port=PORT, name=name
+        cmd = [sys.executable, "-m", "kvpilot_common.cli", "serve", "--host", address]
+        cmd += ["--port", str(PORT), "--model", str(model_dir), f"--served-model-name={name}"]
+        cmd += ["--dtype=float32", "--kv-cache-bytes", "16MiB", "--max-model-len", "256"]
+        # A file, not a pipe: a chatty server must never block on a full pipe buffer.
+        log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by stop_server
+        process = subprocess.Popen(
+            [*cmd, *server_args, *more], stdout=log, stderr=subprocess.STDOUT, text=True
         )
+        process.log = log  # type: ignore[attr-defined]  # where stop_server finds it
         return process
 
-    return serve, stop_server
+    def ready(process: subprocess.Popen, address: str) -> bool:
+        if process.poll() is not None:
+            process.log.seek(0)  # type: ignore[attr-defined]
+            log = process.log.read()[-2000:]  # type: ignore[attr-defined]
+            raise RuntimeError(f"kvpilot serve exited: {log}")
+        try:
+            return httpx.get(f"http://{address}:{PORT}/health", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return serve, stop_server, ready
