@@ -21,7 +21,7 @@ from kvpilot_common.naming import INSTANCE_LABEL, MANAGED_BY
 from kvpilot_testing import attacks, gateway_attacks
 from kvpilot_testing.kube.cluster import MD, PODS, Cluster, create_namespace, wait_for
 from kvpilot_testing.kube.gateway import Gateway
-from kvpilot_testing.kube.node import Node, serve_tiny
+from kvpilot_testing.kube.node import PORT, Node, serve_tiny
 from kvpilot_testing.raw_http import CLOSED, raw_request
 from tests.gateway.live import spec
 
@@ -213,8 +213,16 @@ def test_a_silent_replica_gets_its_client_a_504_not_a_wait(live):
         *("--upstream-timeout", "2", "--upstream-idle-timeout", "2", "--scrape-interval", "600")
     )
     _ready(gateway, "chat")
-    url = f"{gateway.url}/v1/completions"
     stream = {"model": "chat", "prompt": "x", "max_tokens": 200, "ignore_eos": True}
+    # A fresh replica's first request (its first forward pass: buffers allocated, kernels run
+    # once) can take longer on a loaded machine than the 2 s the gateway gives a replica to
+    # start answering. Asked directly once, it answers the next at once: what is timed is the
+    # gateway's wait on a replica gone silent, not a cold start.
+    warm = {**stream, "max_tokens": 1}
+    httpx.post(
+        f"http://{live.address(0)}:{PORT}/v1/completions", json=warm, timeout=120
+    ).raise_for_status()
+    url = f"{gateway.url}/v1/completions"
     with httpx.stream("POST", url, json={**stream, "stream": True}, timeout=30) as answer:
         lines = answer.iter_lines()
         assert next(lines).startswith("data: ")
