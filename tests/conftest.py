@@ -19,7 +19,10 @@ from kvpilot_testing.kube.install import Installed, install
 from kvpilot_testing.small_vocab import build_small_vocab_tokenizer
 from kvpilot_testing.tiny import TINY_MODELS, build_tiny_model
 
-pytest_plugins = ["kvpilot_testing.durations"]  # every run's per-test times, to a JSON file
+pytest_plugins = [
+    "kvpilot_testing.durations",  # every run's per-test times, to a JSON file
+    "kvpilot_testing.server_pool",  # live `kvpilot serve` processes shared by their flags
+]
 
 
 @pytest.fixture(scope="session")
@@ -139,11 +142,9 @@ kube_namespaces: list[str] = []  # every name used in this session, for unique n
 
 
 @pytest.fixture(scope="module")
-def tiny_server(tiny_dir) -> Iterator[str]:
-    """A live `kvpilot serve` of the tiny llama on 127.0.0.1 for one test module (its base
-    URL), stopped by PID afterwards."""
-    from kvpilot_testing.live_server import start_tiny_server, stop_server
-
-    proc, base = start_tiny_server(tiny_dir("llama"))
-    yield base
-    stop_server(proc)
+def tiny_server(server_pool, tiny_dir) -> Iterator[str]:
+    """A live `kvpilot serve` of the tiny llama on 127.0.0.1 (its base URL), the session's one
+    shared by every module that asks (kvpilot_testing.server_pool): a test may not change it for
+    good, and reads its counters as changes across the test."""
+    with server_pool.tiny(tiny_dir("llama")) as server:
+        yield server.base

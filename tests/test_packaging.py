@@ -36,7 +36,7 @@ from kvpilot_common.extras import (
 from kvpilot_testing.hiding import hidden_imports, hiding_env, run_python
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, wait_for
 from kvpilot_testing.kube.node import Node
-from kvpilot_testing.live_server import free_port, start_tiny_server, stop_server, terminate
+from kvpilot_testing.live_server import free_port, terminate
 
 ROOT = Path(__file__).parents[1]
 COMMON = ROOT / "common" / "kvpilot_common"
@@ -361,37 +361,33 @@ def _every_module_imports_light(env: dict, package: str, folder: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_bench_runs_with_only_its_extra_installed(tmp_path, tiny_dir):
+def test_bench_runs_with_only_its_extra_installed(tmp_path, tiny_server):
     """Every bench module imports and `kvpilot bench` measures a live server (a tiny model,
-    started normally) in a Python that can import only the standard library and what
-    kvpilot[bench] installs: no torch, no transformers, no starlette."""
+    started normally: the session's shared one) in a Python that can import only the standard
+    library and what kvpilot[bench] installs: no torch, no transformers, no starlette."""
     env = hiding_env(tmp_path, allow_only=_importable("bench"))
     _every_module_imports_light(env, "kvpilot_bench", SIDES["kvpilot_bench"])
-    proc, base = start_tiny_server(tiny_dir("llama"))
-    try:
-        report = tmp_path / "report.json"
-        result = run_python(
-            env,
-            "-m",
-            "kvpilot_common.cli",
-            "bench",
-            "--url",
-            base,
-            "--workload",
-            "chat",
-            "--rate",
-            "4",
-            "--duration",
-            "2",
-            "--no-progress",
-            "--json-out",
-            str(report),
-            "--plot-out",
-            str(tmp_path / "plot.png"),
-            timeout=120,
-        )
-    finally:
-        stop_server(proc)
+    report = tmp_path / "report.json"
+    result = run_python(
+        env,
+        "-m",
+        "kvpilot_common.cli",
+        "bench",
+        "--url",
+        tiny_server,
+        "--workload",
+        "chat",
+        "--rate",
+        "4",
+        "--duration",
+        "2",
+        "--no-progress",
+        "--json-out",
+        str(report),
+        "--plot-out",
+        str(tmp_path / "plot.png"),
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     totals = json.loads(report.read_text())["runs"][0]["totals"]
     assert totals["sent"] > 0 and totals["ok"] > 0

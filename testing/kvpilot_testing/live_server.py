@@ -1,10 +1,13 @@
 """Start a real `kvpilot serve` on 127.0.0.1 and stop it by PID."""
 
+import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import httpx
 
@@ -16,7 +19,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(*args: str, timeout: float = 300.0, host: str = "127.0.0.1", port: int = 0):
+def start_server(
+    *args: str,
+    timeout: float = 300.0,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    env: Mapping[str, str] | None = None,
+):
+    """`kvpilot serve` with `args`, healthy, as (process, base URL); `env` is added to this
+    process's environment for it alone."""
     port = port or free_port()
     cmd = [
         sys.executable,
@@ -31,7 +42,8 @@ def start_server(*args: str, timeout: float = 300.0, host: str = "127.0.0.1", po
     ]
     # A file, not a pipe: a chatty server must never block on a full pipe buffer.
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop_server
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    full_env = {**os.environ, **env} if env else None
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=full_env)
     proc.log = log
     base = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout
@@ -54,6 +66,27 @@ def stop_server(proc: subprocess.Popen) -> None:
     proc.log.close()
 
 
+def stop_servers(procs: Iterable[subprocess.Popen], grace: float = 30.0) -> None:
+    """Stop several at once: every SIGTERM is sent before any wait, so they drain and exit
+    side by side rather than one after another."""
+    procs = list(procs)
+    for proc in procs:
+        proc.terminate()
+    reap(procs, grace)
+
+
+def reap(procs: Iterable[subprocess.Popen], grace: float = 30.0) -> None:
+    """Wait for servers already sent SIGTERM, SIGKILL for any still there after `grace` s."""
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.log.close()
+
+
 def terminate(proc: subprocess.Popen, grace: float = 30.0) -> None:
     """SIGTERM (the server drains), then SIGKILL after `grace` seconds."""
     proc.terminate()
@@ -64,12 +97,10 @@ def terminate(proc: subprocess.Popen, grace: float = 30.0) -> None:
         proc.wait()
 
 
-def start_tiny_server(
-    model_dir, *extra: str, host: str = "127.0.0.1", port: int = 0, name: str = "tiny"
-):
+def tiny_flags(model_dir: str | Path, *extra: str, name: str = "tiny") -> tuple[str, ...]:
     """The tiny Llama test model served as `name` with a 256-token context, in float32 (the
     dtype tests hold equal to Hugging Face's), plus extra flags."""
-    return start_server(
+    return (
         "--model",
         str(model_dir),
         f"--served-model-name={name}",
@@ -79,6 +110,16 @@ def start_tiny_server(
         "--max-model-len",
         "256",
         *extra,
-        host=host,
-        port=port,
     )
+
+
+def start_tiny_server(
+    model_dir,
+    *extra: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    name: str = "tiny",
+    env: Mapping[str, str] | None = None,
+):
+    """A private `kvpilot serve` of tiny_flags(model_dir, *extra, name=name)."""
+    return start_server(*tiny_flags(model_dir, *extra, name=name), host=host, port=port, env=env)

@@ -17,7 +17,6 @@ from PIL import Image
 
 from kvpilot_bench.report import validate
 from kvpilot_bench.server_metrics import outcomes
-from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 CHAT = {
     "name": "chat",
@@ -46,11 +45,10 @@ BATCH = {
 
 
 @pytest.fixture(scope="module")
-def small_server(tiny_dir):
+def small_server(server_pool, tiny_dir):
     """One sequence at a time and one waiting: a burst is mostly refused with 429."""
-    proc, base = start_tiny_server(tiny_dir("llama"), "--max-num-seqs", "1", "--max-waiting", "1")
-    yield base
-    stop_server(proc)
+    with server_pool.tiny(tiny_dir("llama"), "--max-num-seqs", "1", "--max-waiting", "1") as server:
+        yield server.base
 
 
 def _workload(tmp_path, classes, arrival, duration=4.0, name="w"):
@@ -133,14 +131,26 @@ def test_429s_are_rejections_not_latencies(small_server, tmp_path):
     assert after.get("rejected", 0) - before.get("rejected", 0) == rejected
 
 
+def _first_request(base: str, before: dict[str, float], proc: subprocess.Popen) -> None:
+    """Until the server has seen a request end since `before` (so the run is under way), or
+    the run exited."""
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        if sum(_server_outcomes(base).values()) > sum(before.values()):
+            return
+        time.sleep(0.1)
+
+
 def test_ctrl_c_stops_cleanly_and_still_reports(tiny_server, tmp_path):
     workload = _workload(tmp_path, [CHAT, SUMMARIZE], {"process": "constant", "rate": 4}, 60.0)
     json_out = tmp_path / "r.json"
     command = [sys.executable, "-m", "kvpilot_common.cli", "bench", "--no-progress", "--url",
                tiny_server, "--workload", workload, "--json-out", str(json_out)]  # fmt: skip
+    before = _server_outcomes(tiny_server)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(4.0)  # setup (the corpus counted by /tokenize), then a few requests
+        # Setup (the corpus counted by /tokenize), then Ctrl-C once a request has come back.
+        _first_request(tiny_server, before, proc)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -226,20 +236,17 @@ def test_structured_preset_reports_its_figures(tiny_server, tmp_path):
     assert "valid share" in done.stdout
 
 
-def test_tenants_send_at_once_and_each_gets_its_own_report(tiny_dir, tmp_path):
+def test_tenants_send_at_once_and_each_gets_its_own_report(server_pool, tiny_dir, tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("sk-heavy name=heavy\nsk-light name=light\n")
-    proc, base = start_tiny_server(tiny_dir("llama"), "--api-key-file", str(keys))
-    try:
+    with server_pool.private_tiny(tiny_dir("llama"), "--api-key-file", str(keys)) as server:
         cls = {**SUMMARIZE, "share": 1}
         workload = _workload(tmp_path, [cls], {"process": "poisson", "rate": 2}, duration=3.0)
         done, doc = _bench(
-            "--url", base, "--api-key", "sk-light", "--workload", workload,
+            "--url", server.base, "--api-key", "sk-light", "--workload", workload,
             "--tenant", "heavy=sk-heavy*4", "--tenant", "light=sk-light",
             "--json-out", str(tmp_path / "t.json"),
         )  # fmt: skip
-    finally:
-        stop_server(proc)
     assert done.returncode == 0, done.stderr
     validate(doc)
     assert doc["mode"] == "tenants" and [r["label"] for r in doc["runs"]] == ["heavy", "light"]

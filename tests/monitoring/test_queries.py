@@ -15,34 +15,25 @@ Each panel query runs with the dashboard variables set to the test's namespace, 
 and again with every variable at "All": it must parse and return at least one finite sample.
 """
 
-import contextlib
 import itertools
 import re
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 
-import httpx
 import pytest
 from prometheus_client import start_http_server
 
 from kvpilot_common import metric_names as names
 from kvpilot_gateway.metrics import GatewayMetrics
-from kvpilot_operator import metrics as operator_metrics
-from kvpilot_testing.corpus import CORPUS
-from kvpilot_testing.live_server import start_tiny_server, stop_server
 from kvpilot_testing.lora import AdapterSpec, build_adapter
 from scripts.generators.alerts import alert_groups
 from scripts.generators.dashboards import dashboards
 from scripts.generators.paths import FILES, ROOT
+from tests.monitoring import traffic
 from tests.monitoring.metric_kinds import HISTOGRAMS, NAMES
 from tests.monitoring.prometheus_server import Prometheus, PromQLError, finite
+from tests.monitoring.traffic import ADAPTER, MODEL, NAMESPACE, OPERATOR_NAMESPACE, POD
 
-NAMESPACE, MODEL, POD = "kvpilot-test", "tiny", "tiny-0"
-ADAPTER = "tone"  # a LoRA adapter the server carries, for the adapter panels
-OPERATOR_NAMESPACE = "kvpilot-system"
-TRAFFIC_S = 8.0
-CLIENTS = 6  # more than --max-num-seqs 2 + --max-waiting 2: some requests get 429
 RATE_INTERVAL = "30s"  # what Grafana's $__rate_interval stands for here
 SPECIFIC = {"namespace": NAMESPACE, "model": MODEL, "pod": POD, "__rate_interval": RATE_INTERVAL}
 ALL = {"namespace": ".*", "model": ".*", "pod": ".*", "__rate_interval": RATE_INTERVAL}
@@ -55,96 +46,20 @@ def substitute(expr: str, values: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, expr)
 
 
-def _request(client: httpx.Client, i: int) -> None:
-    """One request of kind i % 4: completed (length), chat with stop strings, timed out
-    (408, outcome error), streamed and abandoned after the first chunk (abort)."""
-    prompt = CORPUS[:200]  # the same prefix every time: prefix-cache hits
-    kind = i % 4
-    if kind == 0:  # every other one through the LoRA adapter
-        model = ADAPTER if i % 8 == 0 else MODEL
-        client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 8})
-    elif kind == 1:
-        messages = [{"role": "user", "content": prompt}]
-        body = {"model": MODEL, "messages": messages, "max_tokens": 8, "stop": ["e", " "]}
-        client.post("/v1/chat/completions", json=body)
-    elif kind == 2:
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": 64, "timeout": 0.001}
-        client.post("/v1/completions", json=body)
-    else:
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": 64, "stream": True}
-        with client.stream("POST", "/v1/completions", json=body) as response:
-            next(response.iter_lines(), None)
-
-
-def _traffic(base: str, deadline: float) -> None:
-    def client_loop(worker: int) -> None:
-        with httpx.Client(base_url=base, timeout=30.0) as client:
-            for i in itertools.islice(itertools.count(worker), 200):
-                if time.monotonic() > deadline:
-                    return
-                with contextlib.suppress(httpx.HTTPError):
-                    _request(client, i)
-
-    with ThreadPoolExecutor(CLIENTS) as pool:
-        list(pool.map(client_loop, range(CLIENTS)))
-
-
-def _gateway(metrics: GatewayMetrics, tick: int) -> None:
-    """What the gateway's routes and holds record: every outcome, hold and routing reason."""
-    labels = (NAMESPACE, MODEL)
-    metrics.requests.labels(*labels, "ok").inc()
-    for outcome, every in (("upstream_error", 4), ("overloaded", 5), ("starting", 7)):
-        if tick % every == 0:
-            metrics.requests.labels(*labels, outcome).inc()
-    if tick % 3 == 0:
-        metrics.unrouted.labels("InvalidRequestError").inc()
-    metrics.held.labels(*labels).set(tick % 4)
-    metrics.in_flight.labels(*labels).set(tick % 3)
-    outcome = "timeout" if tick % 6 == 0 else "ready"
-    metrics.hold_seconds.labels(*labels, outcome).observe(0.5 * (1 + tick % 9))
-    metrics.upstream_seconds.labels(*labels).observe(0.01 * (1 + tick % 5))
-    metrics.routing.labels(*labels, "overflow" if tick % 3 == 0 else "affinity").inc()
-    if tick % 2 == 0:
-        metrics.retries.labels(*labels).inc()
-    if tick % 3 == 1:
-        metrics.resumes.labels(*labels, "connection" if tick % 2 else "ended_early").inc()
-    if tick % 4 == 1:
-        metrics.rate_limited.labels("team-a", "tokens" if tick % 2 else "requests").inc()
-
-
-def _operator(deadline: float, gateway: GatewayMetrics) -> None:
-    """What the autoscaler and the reconciler record, a few times a second (and the gateway)."""
-    labels = (NAMESPACE, MODEL)
-    for tick in range(int(TRAFFIC_S * 10) + 10):
-        if time.monotonic() > deadline:
-            return
-        operator_metrics.desired.labels(*labels).set(2)
-        operator_metrics.current.labels(*labels).set(2)
-        operator_metrics.ready.labels(*labels).set(1)
-        operator_metrics.max_replicas.labels(*labels).set(3)
-        operator_metrics.queue.labels(*labels).set(tick % 5)
-        operator_metrics.p95.labels(*labels).set(0.1 + 0.01 * (tick % 7))
-        operator_metrics.arrivals.labels(*labels).set(5 + tick % 3)
-        operator_metrics.capacity.labels(*labels).set(6.5)
-        operator_metrics.scrape_failures.labels(*labels).inc(tick % 2)
-        operator_metrics.reconcile_seconds.labels(*labels).observe(0.01 * (1 + tick % 7))
-        if tick % 3 == 0:
-            operator_metrics.reconcile_errors.labels(*labels).inc()
-        if tick % 5 == 0:
-            operator_metrics.scale_events.labels(*labels, "up", "Arrivals").inc()
-        if tick % 5 == 2:  # woken from zero by requests held at the gateway
-            operator_metrics.scale_events.labels(*labels, "up", "Demand").inc()
-        _gateway(gateway, tick)
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
-def prometheus(prometheus_binaries, tiny_dir, tmp_path_factory):
+def prometheus(prometheus_binaries, server_pool, tiny_dir, tmp_path_factory):
     adapter = tmp_path_factory.mktemp("adapter") / ADAPTER
     build_adapter(tiny_dir("llama"), adapter, AdapterSpec(rank=2, targets=("q_proj", "v_proj")))
     flags = ("--max-num-seqs", "2", "--max-waiting", "2", "--lora-modules", f"{ADAPTER}={adapter}")
     flags += ("--speculative", "ngram")  # the speculative decoding panel's counters
-    server, base = start_tiny_server(tiny_dir("llama"), *flags)
+    # A server of its own: its adapter is this module's, and its counters are read whole.
+    with server_pool.private_tiny(tiny_dir("llama"), *flags) as server:
+        yield from _watched(prometheus_binaries[0], server.base)
+
+
+def _watched(binary: str, base: str) -> Iterator[Prometheus]:
+    """Prometheus scraping the server at `base`, the operator's and the gateway's families, once
+    the traffic has run."""
     operator_http, operator_thread = start_http_server(0, addr="127.0.0.1")
     gateway = GatewayMetrics()
     gateway_http, gateway_thread = start_http_server(0, addr="127.0.0.1", registry=gateway.registry)
@@ -181,15 +96,10 @@ def prometheus(prometheus_binaries, tiny_dir, tmp_path_factory):
                 ],
             },
         ]
-        prom = Prometheus(prometheus_binaries[0], scrape_configs, [ROOT / FILES / "alerts.yaml"])
+        prom = Prometheus(binary, scrape_configs, [ROOT / FILES / "alerts.yaml"])
         up = prom.wait_for("count(up == 1) == 3", timeout=15.0)
         assert up, f"targets not up: {prom.query('up')} {prom.logs()}"
-        deadline = time.monotonic() + TRAFFIC_S
-        simulation = threading.Thread(target=_operator, args=(deadline, gateway))
-        simulation.start()
-        _traffic(base, deadline)
-        simulation.join(timeout=30.0)
-        time.sleep(2.5)  # the last counts scraped
+        traffic.run(base, prom, gateway)
         yield prom
     finally:
         if prom is not None:
@@ -200,7 +110,6 @@ def prometheus(prometheus_binaries, tiny_dir, tmp_path_factory):
         gateway_http.shutdown()
         gateway_http.server_close()
         gateway_thread.join(timeout=10.0)
-        stop_server(server)
 
 
 def _panel_queries() -> list[tuple[str, str, str]]:

@@ -6,14 +6,11 @@ import time
 import httpx
 import pytest
 
-from kvpilot_testing.live_server import start_tiny_server, stop_server
-
 
 @pytest.fixture(scope="module")
-def small_server(tiny_dir):
-    proc, base = start_tiny_server(tiny_dir("llama"), "--max-num-seqs", "2", "--max-waiting", "2")
-    yield base
-    stop_server(proc)
+def small_server(server_pool, tiny_dir):
+    with server_pool.tiny(tiny_dir("llama"), "--max-num-seqs", "2", "--max-waiting", "2") as server:
+        yield server.base
 
 
 def test_excess_load_gets_429_with_retry_after(small_server):

@@ -7,19 +7,21 @@ import httpx
 import openai
 import pytest
 
-from kvpilot_testing.live_server import start_tiny_server, stop_server
-
-SERVERS: dict = {}  # base URL -> process, for reading its log
+from kvpilot_testing.server_pool import LiveServer
 
 
 @pytest.fixture(scope="module")
-def secured(tiny_dir, tmp_path_factory):
+def keyed(server_pool, tiny_dir, tmp_path_factory):
+    """A server of its own: its key file is this module's."""
     key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
     key_file.write_text("# team keys\nsk-first\nsk-second\n")
-    proc, base = start_tiny_server(tiny_dir("llama"), "--api-key-file", str(key_file))
-    SERVERS[base] = proc
-    yield base
-    stop_server(proc)
+    with server_pool.private_tiny(tiny_dir("llama"), "--api-key-file", str(key_file)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def secured(keyed: LiveServer) -> str:
+    return keyed.base
 
 
 def test_right_key_works_and_wrong_key_is_rejected(secured):
@@ -37,15 +39,13 @@ def test_probes_and_metrics_need_no_key(secured):
         assert httpx.get(f"{secured}{path}").status_code == 200
 
 
-def test_access_log_is_json_without_prompt_or_key(secured):
-    client = openai.OpenAI(base_url=f"{secured}/v1", api_key="sk-first", max_retries=0)
+def test_access_log_is_json_without_prompt_or_key(keyed):
+    client = openai.OpenAI(base_url=f"{keyed.base}/v1", api_key="sk-first", max_retries=0)
     out = client.completions.create(model="tiny", prompt="secret prompt words", max_tokens=4)
-    log = SERVERS[secured].log
     deadline = time.monotonic() + 5
     records = []
     while time.monotonic() < deadline and not records:
-        log.seek(0)
-        text = log.read()
+        text = keyed.log_text()
         records = [
             json.loads(line[line.index("{") :])
             for line in text.splitlines()

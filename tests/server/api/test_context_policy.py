@@ -13,16 +13,15 @@ from kvpilot_common import metric_names as names
 from kvpilot_server.api.context import drop_oldest_turns
 from kvpilot_server.api.prompts import chat_prompt
 from kvpilot_server.engine.runtime.inputs import InputProcessor
-from kvpilot_testing.live_server import start_tiny_server, stop_server
+
+# test_vllm_metrics.py asks for the same flags: the pool starts this server once for both.
+FLAGS = ("--context-overflow", "truncate-oldest", "--max-num-seqs", "2")
 
 
 @pytest.fixture(scope="module")
-def truncating(tiny_dir):
-    proc, base = start_tiny_server(
-        tiny_dir("llama"), "--context-overflow", "truncate-oldest", "--max-num-seqs", "2"
-    )
-    yield base
-    stop_server(proc)
+def truncating(server_pool, tiny_dir):
+    with server_pool.tiny(tiny_dir("llama"), *FLAGS) as server:
+        yield server.base
 
 
 def _conversation(turns: int) -> list[dict]:

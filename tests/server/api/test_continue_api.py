@@ -5,14 +5,12 @@ from there: no second role chunk, the same id and created, and the rest of the t
 streams joined are the uninterrupted one, usage included, at temperature 0.8 with a seed. Without
 the secret, or for n > 1, it is a 400."""
 
-import os
 from collections.abc import Iterator
 
 import openai
 import pytest
 
 from kvpilot_common import trust
-from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 SECRET = "not-a-client-secret"
 CHAT = {
@@ -33,16 +31,9 @@ TEXT = {
 
 
 @pytest.fixture(scope="module")
-def client(tiny_dir) -> Iterator[openai.OpenAI]:
-    os.environ[trust.ENV] = SECRET
-    try:
-        proc, base = start_tiny_server(tiny_dir("llama"))
-    finally:
-        del os.environ[trust.ENV]
-    try:
-        yield openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0, timeout=60)
-    finally:
-        stop_server(proc)
+def client(server_pool, tiny_dir) -> Iterator[openai.OpenAI]:
+    with server_pool.tiny(tiny_dir("llama"), env={trust.ENV: SECRET}) as server:
+        yield openai.OpenAI(base_url=f"{server.base}/v1", api_key="-", max_retries=0, timeout=60)
 
 
 def _stream(create, body: dict, **extra) -> list:

@@ -12,7 +12,6 @@ import torch
 from transformers import AutoTokenizer
 
 from kvpilot_testing.embedding import make_embedding_model
-from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +21,9 @@ def embedder(tiny_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def embed_server(embedder):
-    proc, base = start_tiny_server(embedder, name="embedder")
-    try:
-        yield base
-    finally:
-        stop_server(proc)
+def embed_server(server_pool, embedder):
+    with server_pool.private_tiny(embedder, name="embedder") as server:  # this module's model
+        yield server.base
 
 
 @pytest.fixture(scope="module")

@@ -10,26 +10,19 @@ import openai
 import pytest
 
 from kvpilot_common import trust
-from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 SECRET = "gw-secret-for-tests"
 KEYS = "sk-burst name=burst rpm=120\nsk-tokens name=tokens tpm=250\nsk-free-1 name=free\n"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir, tmp_path_factory, monkeypatch_module):
+def server(server_pool, tiny_dir, tmp_path_factory):
+    """A server of its own: the tests spend its tenants' windows and rewrite its key file."""
     key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
     key_file.write_text(KEYS)
-    monkeypatch_module.setenv(trust.ENV, SECRET)
-    proc, base = start_tiny_server(tiny_dir("llama"), "--api-key-file", str(key_file))
-    yield base, key_file, proc
-    stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
+    flags = ("--api-key-file", str(key_file))
+    with server_pool.private_tiny(tiny_dir("llama"), *flags, env={trust.ENV: SECRET}) as live:
+        yield live.base, key_file, live.proc
 
 
 def _auth(key: str) -> dict[str, str]:

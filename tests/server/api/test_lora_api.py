@@ -18,7 +18,6 @@ from transformers import AutoTokenizer
 
 from kvpilot_common import adapter_list
 from kvpilot_testing.hf_reference import hf_greedy_of
-from kvpilot_testing.live_server import start_server, stop_server
 from kvpilot_testing.lora import AdapterSpec, build_adapter, merged_model
 from tests.server.api.in_process import serve_in_process
 
@@ -46,16 +45,16 @@ def lora_list(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir, lora_root, lora_list):
-    proc, base = start_server(
+def server(server_pool, tiny_dir, lora_root, lora_list):
+    """A server of its own: the tests load and unload adapters on it."""
+    with server_pool.private(
         "--model", str(tiny_dir("llama")), "--served-model-name", "tiny",
         "--kv-cache-bytes", "16MiB", "--max-model-len", "256", "--dtype", "float32",
         "--lora-modules", f"attn={lora_root / 'attn'}",
         "--allow-runtime-lora-updating", "--lora-dir", str(lora_root),
         "--lora-config", str(lora_list),
-    )  # fmt: skip
-    yield base
-    stop_server(proc)
+    ) as live:  # fmt: skip
+        yield live.base
 
 
 @pytest.fixture(scope="module")

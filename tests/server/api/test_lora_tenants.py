@@ -14,7 +14,6 @@ from kvpilot_common.errors import AdapterError
 from kvpilot_server.api.adapters import parse_modules
 from kvpilot_server.commands import add_serve_args
 from kvpilot_testing.kube.cluster import wait_for
-from kvpilot_testing.live_server import start_tiny_server, stop_server
 from kvpilot_testing.lora import AdapterSpec, build_adapter
 
 ADMIN, A1, A2, B1 = "sk-operator-admin", "sk-tenant-a-1", "sk-tenant-a-2", "sk-tenant-b-1"
@@ -43,18 +42,18 @@ def adapter_list_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir, lora_dir, adapter_list_file, tmp_path_factory):
+def server(server_pool, tiny_dir, lora_dir, adapter_list_file, tmp_path_factory):
+    """A server of its own: the tests load and unload adapters on it."""
     key_file = tmp_path_factory.mktemp("tenant-keys") / "keys.txt"
     key_file.write_text(KEYS)
-    proc, base = start_tiny_server(
+    with server_pool.private_tiny(
         tiny_dir("llama"), "--api-key-file", str(key_file), "--lora-config", str(adapter_list_file),
         "--lora-modules", f"op-first={lora_dir / 'attn'}", f"op-spare={lora_dir / 'attn'}",
         "--lora-modules", f"op-second={lora_dir / 'attn'}",  # repeated: both are served
         "--allow-runtime-lora-updating", "--lora-dir", str(lora_dir),
         "--max-loaded-adapters", str(MAX_LOADED), "--max-adapters-per-tenant", str(PER_TENANT),
-    )  # fmt: skip
-    yield base
-    stop_server(proc)
+    ) as live:  # fmt: skip
+        yield live.base
 
 
 def _post(server: str, route: str, key: str, **body) -> httpx.Response:

@@ -8,7 +8,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot_common import metric_names as names
-from kvpilot_testing.live_server import start_tiny_server, stop_server
 
 # More concurrent long requests than the server runs at once, so some wait: both sums are
 # checked with values other than zero.
@@ -17,10 +16,12 @@ CONCURRENT = 4
 
 
 @pytest.fixture(scope="module")
-def two_seq_server(tiny_dir):
-    proc, base = start_tiny_server(tiny_dir("llama"), "--max-num-seqs", "2")
-    yield base
-    stop_server(proc)
+def two_seq_server(server_pool, tiny_dir):
+    # test_context_policy.py's server (one start for both): truncation never touches prompts
+    # that fit, as these do.
+    flags = ("--context-overflow", "truncate-oldest", "--max-num-seqs", "2")
+    with server_pool.tiny(tiny_dir("llama"), *flags) as server:
+        yield server.base
 
 
 def _scrape(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

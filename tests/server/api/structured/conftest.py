@@ -1,15 +1,13 @@
 import pytest
 from openai import OpenAI
 
-from kvpilot_testing.live_server import start_tiny_server, stop_server
-
 
 @pytest.fixture(scope="module")
-def small_server(small_vocab_dir):
-    """The tiny Llama on the 512-token vocabulary, with room for a tools prompt."""
-    proc, base = start_tiny_server(small_vocab_dir("llama"), "--max-model-len", "1024")
-    yield base
-    stop_server(proc)
+def small_server(server_pool, small_vocab_dir):
+    """The tiny Llama on the 512-token vocabulary, with room for a tools prompt: one server
+    for every module here (kvpilot_testing.server_pool)."""
+    with server_pool.tiny(small_vocab_dir("llama"), "--max-model-len", "1024") as server:
+        yield server.base
 
 
 @pytest.fixture(scope="module")

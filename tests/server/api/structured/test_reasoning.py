@@ -10,7 +10,6 @@ import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
 
-from kvpilot_testing.live_server import start_tiny_server, stop_server
 from kvpilot_testing.schemas import SCHEMAS
 
 SCHEMA = SCHEMAS["person"]
@@ -31,10 +30,9 @@ def thinking_model(small_vocab_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(thinking_model):
-    proc, base = start_tiny_server(thinking_model, "--max-model-len", "1024")
-    yield OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-    stop_server(proc)
+def client(server_pool, thinking_model):
+    with server_pool.private_tiny(thinking_model, "--max-model-len", "1024") as server:
+        yield OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
 
 
 def test_schema_holds_after_the_thinking(client, thinking_model):
