@@ -127,7 +127,10 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # Its own storage, so nn.Embedding skips its random init: the checkpoint overwrites it,
+        # and normal_ on a meta tensor imports torch._dynamo, nothing else at start-up needs.
+        weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(
             self.layer_class(cfg, window, self.build_mlp(cfg, index, tp), tp)
             for index, window in enumerate(cfg.layer_windows)
