@@ -70,7 +70,7 @@ def _unload(server: str, key: str, name: str) -> httpx.Response:
 
 
 def _models(server: str) -> dict[str, dict]:
-    listed = httpx.get(f"{server}/v1/models", headers={"Authorization": f"Bearer {A2}"})
+    listed = httpx.get(f"{server}/v1/models", headers={"Authorization": f"Bearer {A2}"}, timeout=60)
     return {card["id"]: card for card in listed.json()["data"]}
 
 
@@ -87,7 +87,8 @@ def test_another_tenant_can_neither_unload_an_adapter_nor_load_over_its_name(ser
         assert _refused(_unload(server, A2, "a-tone"), 403, "adapters=own")  # no say over them
         body = {"model": "a-tone", "prompt": "hi", "max_tokens": 2}
         headers = {"Authorization": f"Bearer {A2}"}  # a-tone still serves its tenant
-        assert httpx.post(f"{server}/v1/completions", json=body, headers=headers).status_code == 200
+        answer = httpx.post(f"{server}/v1/completions", json=body, headers=headers, timeout=60)
+        assert answer.status_code == 200
         assert _refused(_load(server, A2, "a-other"), 403, "adapters=own")
     finally:
         assert _unload(server, A1, "a-tone").status_code == 200  # its owner may
@@ -133,6 +134,7 @@ def test_a_path_no_file_can_have_is_a_400_not_a_500(server, path, words):
         f"{server}/v1/load_lora_adapter",
         content=body,
         headers={"Authorization": f"Bearer {A1}", "Content-Type": "application/json"},
+        timeout=60,
     )
     assert _refused(answer, 400, words), answer.text
 
