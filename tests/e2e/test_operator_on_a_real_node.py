@@ -1,10 +1,11 @@
 """The operator as platform teams run it: `helm install` of the chart with the operator image
-built from the Dockerfile, the operator a pod the kubelet starts from it (uid 1000, read-only
-root, the chart's probes), reaching the API server through the `kubernetes` Service under the
-chart's ServiceAccount, and the gateway's two pods from the same image behind their Service.
-Its status comes from what the real scheduler and kubelet say about the model pods: the
-scheduler's words for GPUs no node has, the kubelet's for an image it cannot pull (applied
-with kubectl). `helm uninstall` last, which leaves the users' objects and the CRD."""
+built from the Dockerfile (conftest.py's chart, which the model tests share), the operator a pod
+the kubelet starts from it (uid 1000, read-only root, the chart's probes), reaching the API
+server through the `kubernetes` Service under the chart's ServiceAccount, and the gateway's two
+pods from the same image behind their Service. Its status comes from what the real scheduler
+and kubelet say about the model pods: the scheduler's words for GPUs no node has, the
+kubelet's for an image it cannot pull (applied with kubectl). `helm uninstall` last of the
+session's chart tests (conftest.py orders it), which leaves the users' objects and the CRD."""
 
 import subprocess
 import sys
@@ -13,31 +14,25 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from kvpilot_testing.kube.cluster import MD, Cluster, create_namespace, wait_for
-from kvpilot_testing.kube.images import chart_values, project_image
-from kvpilot_testing.kube.install import CRD_NAME, NAMESPACE, RELEASE, helm, install
+from kvpilot_common.naming import INSTANCE_LABEL
+from kvpilot_testing.kube.cluster import MD, PODS, Cluster, wait_for
+from kvpilot_testing.kube.install import CRD_NAME, NAMESPACE, RELEASE, helm
 from kvpilot_testing.kube.realnode import NAMESPACE as NETNS
 from kvpilot_testing.kube.realnode import NODE_NAME
 from kvpilot_testing.paths import ROOT
 
 SAMPLES = ROOT / "crds" / "samples"
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-operator"
+UNPULLABLE = "unpullable"
 
 
 @pytest.fixture(scope="module")
-def cluster(real_node) -> Iterator[Cluster]:
-    name, archive = project_image("operator")
-    real_node.node.import_image(archive)
-    # The model pods' image is on no registry the node can reach (one test is about that).
-    values = ["--set", "watch.scope=All", "--set", "image.pullPolicy=Never"]
-    installed = install(real_node.plane, *values, *chart_values("image", name))
-    create_namespace(real_node.plane, "models")
-    cluster = Cluster(real_node.plane, "models", installed.operator_kubeconfig)
+def cluster(chart: Cluster) -> Iterator[Cluster]:
+    """The session's chart (conftest.py); the operator's log shown when a test fails."""
     try:
-        yield cluster  # the control plane goes with the module: nothing to delete
+        yield chart
     finally:
-        print(_operator_log(cluster)[-4000:])  # shown when a test fails
-        cluster.close()
+        print(_operator_log(chart)[-4000:])
 
 
 def _operator_log(cluster: Cluster) -> str:
@@ -148,9 +143,12 @@ def test_the_gateway_runs_as_pods_and_answers_through_its_service(cluster):
 
 
 def test_kubectl_apply_of_the_cpu_sample_meets_an_image_the_node_cannot_pull(cluster, tmp_path):
-    """The model pods' image (the chart's default) is on no registry the node can reach: the
-    kubelet's pull fails, and status carries its words."""
+    """The published server image (the chart's default registry and repository, which the
+    session's chart replaces with the image built here) is on no registry the node can reach:
+    the kubelet's pull fails, and status carries its words."""
     body = _sample("builtin-cpu.yaml")
+    body["metadata"]["name"] = UNPULLABLE  # the model tests' smollm2 may still be going
+    body["spec"]["image"] = "ghcr.io/kvpilot/kvpilot:0.1.0-cpu"
     body["spec"]["resources"]["cpu"] = "500m"  # the node has 2 cores
     (tmp_path / "md.yaml").write_text(yaml.safe_dump(body))
     kubectl = [cluster.plane.bin / "kubectl", "--kubeconfig", cluster.plane.kubeconfig]
@@ -166,13 +164,25 @@ def test_kubectl_apply_of_the_cpu_sample_meets_an_image_the_node_cannot_pull(clu
     condition = _degraded(cluster, name)
     assert condition["reason"] == "ImagePullBackOff"
     assert "ghcr.io/kvpilot/kvpilot" in condition["message"]
+    # Its pod holds half a core of the node's two, which the model tests after these need.
+    cluster.delete(MD, name)
+    wait_for("its pod to go", lambda: not _model_pods(cluster, name), timeout=60, interval=0.5)
+
+
+def _model_pods(cluster: Cluster, name: str) -> list[dict]:
+    with cluster.plane.client() as http:
+        params = {"labelSelector": f"{INSTANCE_LABEL}={name}"}
+        return http.get(cluster.path(PODS), params=params).json().get("items", [])
 
 
 def test_helm_uninstall_leaves_the_model_deployments_and_the_crd(cluster):
-    """Last: the chart goes (its operator and gateway pods with it), the users' objects stay."""
+    """Last of the chart's tests (conftest.py orders it): the chart goes (its operator and
+    gateway pods with it), the users' objects stay (these tests' and any the model tests left)."""
+    users = {m["metadata"]["name"] for m in cluster.list(MD)}
+    assert "qwen25-7b" in users
     helm(cluster.plane, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "90s")
     assert cluster.plane.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}")
-    assert {m["metadata"]["name"] for m in cluster.list(MD)} == {"qwen25-7b", "smollm2"}
+    assert {m["metadata"]["name"] for m in cluster.list(MD)} == users
     wait_for(
         "the chart's pods to go",
         lambda: not _pods(cluster, "operator") + _pods(cluster, "gateway"),

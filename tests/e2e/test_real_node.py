@@ -171,10 +171,11 @@ def test_the_api_servers_service_address_leads_to_it_through_kube_proxy(real_nod
 
 
 def test_the_host_is_as_it_was(real_node):
-    """Stops the node (the fixture's stop is then a no-op) and compares the host's links,
-    addresses, routes, packet filter rules, the sysctls and the few files written outside the
-    node's folders with their state before it began."""
-    real_node.node.stop()
+    """Last of the session (conftest.py orders it): stops the node, its control plane and their
+    network (the fixture's stop is then a no-op) and compares the host's links, addresses,
+    routes, packet filter rules, the sysctls and the few files written outside the node's
+    folders with their state before the session's node began."""
+    real_node.stop()
     after = host_state()
     for key, before in real_node.host_before.items():
         assert after[key] == before, key
