@@ -285,7 +285,8 @@ def test_trailers_connection_headers_and_forwarding_headers_do_not_cross(live):
         server.shutdown()
         server.server_close()
 
-    live.node.serve, live.node.stop_server = serve, stop
+    # Listening once made: its pod is ready at once, without the tiny server's probe.
+    live.node.serve, live.node.stop_server, live.node.ready = serve, stop, None
     _model(live.cluster, "chat", replicas=1)
     _pod(live.cluster, "chat", "chat")
     gateway = live.gateway(env={"KVPILOT_API_KEYS": "gateway-key"})
