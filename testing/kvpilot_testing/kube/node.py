@@ -272,21 +272,18 @@ def serve_tiny(
 ) -> tuple[Serve, Callable, Ready]:
     """(serve, stop_server, ready) for Node: a real `kvpilot serve` of a tiny model per pod,
     named as the pod's container asks (the gateway routes by it), or "tiny". `extra_args(pod)`
-    adds flags for one pod. Started here with live_server.start_tiny_server's flags, not by it:
-    it returns once the server answers, and until then nobody could stop the process."""
-    from kvpilot_testing.live_server import stop_server
+    adds flags for one pod. Started here with live_server's tiny_flags, not by start_tiny_server:
+    that returns once the server answers, and until then nobody could stop the process."""
+    from kvpilot_testing.live_server import stop_server, tiny_flags
 
     def serve(address: str, pod: dict) -> subprocess.Popen:
         name = container_flag(pod, "--served-model-name") or "tiny"
         more = extra_args(pod) if extra_args is not None else ()
         cmd = [sys.executable, "-m", "kvpilot_common.cli", "serve", "--host", address]
-        cmd += ["--port", str(PORT), "--model", str(model_dir), f"--served-model-name={name}"]
-        cmd += ["--dtype=float32", "--kv-cache-bytes", "16MiB", "--max-model-len", "256"]
+        cmd += ["--port", str(PORT), *tiny_flags(model_dir, *server_args, *more, name=name)]
         # A file, not a pipe: a chatty server must never block on a full pipe buffer.
         log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by stop_server
-        process = subprocess.Popen(
-            [*cmd, *server_args, *more], stdout=log, stderr=subprocess.STDOUT, text=True
-        )
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
         process.log = log  # type: ignore[attr-defined]  # where stop_server finds it
         return process
 
