@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from kvpilot_server.models.builtin import builtin_path
 from kvpilot_testing.corpus import CORPUS
-from kvpilot_testing.hf_reference import hf_greedy_of
+from kvpilot_testing.hf_reference import float32_reference
 from kvpilot_testing.kube.cluster import Cluster, create_namespace
 from kvpilot_testing.kube.controlplane import ControlPlane
 from kvpilot_testing.kube.install import Installed, install
@@ -72,20 +71,15 @@ def corpus_ids(smollm2_tokenizer) -> list[int]:
 
 
 @functools.cache
-def _hf_model(path: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-@functools.cache
 def _hf_greedy(path: Path, prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
-    return tuple(hf_greedy_of(_hf_model(path), list(prompt), max_new_tokens))
+    return tuple(float32_reference(path).greedy(list(prompt), max_new_tokens))
 
 
 @pytest.fixture(scope="session")
 def hf_greedy():
-    """The oracle: HF generate(do_sample=False) in float32, one request at a time."""
+    """The oracle: HF generate(do_sample=False) in float32, one request at a time; its answers
+    kept on disk between runs, keyed by versions, the model's files and the arguments
+    (kvpilot_testing.hf_cache)."""
 
     def run(path: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
         return list(_hf_greedy(path, tuple(prompt), max_new_tokens))

@@ -10,8 +10,8 @@ import torch
 
 from kvpilot_common.errors import AdapterError
 from kvpilot_server import LLM, LoRARequest, SamplingParams
-from kvpilot_testing.hf_reference import hf_greedy_of
-from kvpilot_testing.lora import ALL_TARGETS, AdapterSpec, build_adapter, merged_model
+from kvpilot_testing.hf_reference import merged_reference
+from kvpilot_testing.lora import ALL_TARGETS, AdapterSpec, build_adapter
 
 MiB = 1 << 20
 PROMPT = [1, 504, 3029, 314, 4649, 30, 253, 1345, 282]
@@ -37,7 +37,7 @@ def adapters(tmp_path_factory, tiny_dir) -> "functools.partial[Path]":
 
 @functools.cache
 def _merged_greedy(base: Path, adapter: Path) -> tuple[int, ...]:
-    return tuple(hf_greedy_of(merged_model(base, adapter), PROMPT, TOKENS))
+    return tuple(merged_reference(base, adapter).greedy(PROMPT, TOKENS))
 
 
 def _tokens(output) -> list[int]:

@@ -11,7 +11,7 @@ from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine.models.gemma import GemmaRMSNorm
 from kvpilot_server.engine.models.model_config import ModelConfig
-from kvpilot_testing.hf_reference import hf_greedy_of, hf_with_int8_weights
+from kvpilot_testing.hf_reference import int8_reference
 
 MiB = 1 << 20
 
@@ -41,9 +41,9 @@ def test_int8_matches_hf_on_the_same_int8_weights(name, tiny_dir, corpus_ids):
     llm = LLM(str(path), quantization="int8", kv_cache_bytes=16 * MiB, dtype="float32")
     prompts = [corpus_ids[s : s + n] for s, n in ((5, 3), (100, 40), (300, 120), (700, 17))]
     params = SamplingParams(max_tokens=16, temperature=0.0)
-    reference = hf_with_int8_weights(path)
+    reference = int8_reference(path)
     for prompt, out in zip(prompts, llm.generate(prompts, params), strict=True):
-        assert out.outputs[0].token_ids == hf_greedy_of(reference, prompt, 16)
+        assert out.outputs[0].token_ids == reference.greedy(prompt, 16)
 
 
 def test_compiled_paths_serve_what_they_can(tiny_dir, corpus_ids):

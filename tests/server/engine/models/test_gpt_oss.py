@@ -20,7 +20,7 @@ from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine.layers.mlp import clamped_swiglu
 from kvpilot_server.engine.models.loader import load_model
 from kvpilot_server.engine.models.model_config import ModelConfig
-from kvpilot_testing.hf_reference import hf_greedy_of, hf_with_int8_weights
+from kvpilot_testing.hf_reference import int8_reference
 from kvpilot_testing.mxfp4 import save_mxfp4_copy
 
 MiB = 1 << 20
@@ -120,9 +120,9 @@ def test_an_mxfp4_checkpoint_generates_as_transformers_does(mxfp4_dir, hf_greedy
     for prompt, out in zip(prompts, llm.generate(prompts, params), strict=True):
         assert out.outputs[0].token_ids == hf_greedy(mxfp4_dir, prompt, 12)
     int8 = LLM(str(mxfp4_dir), quantization="int8", kv_cache_bytes=16 * MiB, dtype="float32")
-    reference = hf_with_int8_weights(mxfp4_dir)
+    reference = int8_reference(mxfp4_dir)
     for prompt, out in zip(prompts, int8.generate(prompts, params), strict=True):
-        assert out.outputs[0].token_ids == hf_greedy_of(reference, prompt, 12)
+        assert out.outputs[0].token_ids == reference.greedy(prompt, 12)
 
 
 def _with_config(source, target, **changes):

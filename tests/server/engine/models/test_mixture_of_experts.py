@@ -15,7 +15,7 @@ import pytest
 
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine.layers.moe import SparseMoe
-from kvpilot_testing.hf_reference import hf_greedy_of, hf_with_int8_weights
+from kvpilot_testing.hf_reference import int8_reference
 
 MiB = 1 << 20
 MOE_MODELS = ["mixtral", "qwen2-moe", "qwen3-moe", "gpt-oss"]
@@ -34,9 +34,9 @@ def test_int8_experts_match_hf_on_the_same_int8_weights(name, tiny_dir, corpus_i
     llm = LLM(str(path), quantization="int8", kv_cache_bytes=16 * MiB, dtype="float32")
     prompts = _prompts(corpus_ids, [3, 40, 120, 17])
     params = SamplingParams(max_tokens=16, temperature=0.0)
-    reference = hf_with_int8_weights(path)
+    reference = int8_reference(path)
     for prompt, out in zip(prompts, llm.generate(prompts, params), strict=True):
-        assert out.outputs[0].token_ids == hf_greedy_of(reference, prompt, 16)
+        assert out.outputs[0].token_ids == reference.greedy(prompt, 16)
 
 
 def test_a_decode_step_reads_only_the_chosen_experts(tiny_dir, corpus_ids, monkeypatch):

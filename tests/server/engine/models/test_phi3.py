@@ -10,7 +10,7 @@ import torch
 from kvpilot_server import LLM, SamplingParams
 from kvpilot_server.engine.models.loader import load_hf_config
 from kvpilot_server.engine.models.model_config import ModelConfig, rope_tables
-from kvpilot_testing.hf_reference import hf_greedy_of, hf_with_int8_weights
+from kvpilot_testing.hf_reference import hf_greedy_of, int8_reference
 
 MiB = 1 << 20
 SHORT = 128  # phi3-longrope's original_max_position_embeddings (kvpilot_testing.tiny)
@@ -31,9 +31,9 @@ def test_int8_matches_hf_on_the_same_int8_weights(tiny_dir, corpus_ids):
     """The fused qkv and gate/up rows are quantized as transformers' fused rows are."""
     path = tiny_dir("phi3")
     llm = LLM(str(path), quantization="int8", kv_cache_bytes=16 * MiB, dtype="float32")
-    reference = hf_with_int8_weights(path)
+    reference = int8_reference(path)
     prompts = _prompts(corpus_ids, [3, 40, 120, 17])
-    _check(llm, prompts, 16, lambda prompt: hf_greedy_of(reference, prompt, 16))
+    _check(llm, prompts, 16, lambda prompt: reference.greedy(prompt, 16))
 
 
 def test_longrope_within_the_original_length_is_the_short_factor(tiny_dir, corpus_ids, hf_greedy):
