@@ -126,7 +126,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # The CPU kernels, built once here for each level instead of in every new pod (a minute or more
 # of compiling, and gigabytes of compiler inside the pod's memory limit). They need only torch
 # and their own sources (cpu_kernels.py imports nothing of kvpilot's), so a change elsewhere in
-# the sources does not compile them again.
+# the sources does not compile them again. The package's build starts from this stage: kept
+# layers with no later layer built on them count as unused and are pruned after a build.
 FROM server-cpu-torch AS server-cpu-kernels
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
@@ -140,7 +141,7 @@ COPY server/kvpilot_server/engine/kernels/csrc /src/kernels/csrc
 RUN python3 /src/kernels/cpu_kernels.py /opt/kvpilot/kernels \
     && chmod -R a+rX /opt/kvpilot/kernels
 
-FROM server-cpu-torch AS server-cpu-build
+FROM server-cpu-kernels AS server-cpu-build
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_TRUSTED_HOST
