@@ -44,8 +44,15 @@ def test_configs_may_choose_the_model_dtype():
 
 @pytest.mark.slow
 def test_eval_measures_each_precision_against_float32():
-    configs = "none,int8,int4,int4-g64,none:int8,fp8"
-    small = ["--tokens", "2048", "--prompts", "8", "--new-tokens", "24", "--speed-tokens", "8"]
+    # int8 weights and the int8 KV cache are held to bars of 1%: their rows run float32 like the
+    # baseline, so on every CPU each differs from it in what it measures alone (auto is bfloat16
+    # matrices where the CPU has AMX; that precision's own row is `none`, there). int4's bars
+    # are wide enough to run at auto, as users do.
+    configs = "none,int8@float32,int4,int4-g64,none@float32:int8,fp8"
+    # Small enough to run in seconds per config, large enough for the bars below: perplexity
+    # over two windows of 512 tokens, agreement on 4 prompts' 24 greedy tokens (96 positions),
+    # and timing that decodes 2 tokens (what reading the resident memory after serving needs).
+    small = ["--tokens", "1024", "--prompts", "4", "--new-tokens", "24", "--speed-tokens", "2"]
     done = subprocess.run(
         [
             sys.executable,
@@ -64,14 +71,15 @@ def test_eval_measures_each_precision_against_float32():
     assert done.returncode == 1, done.stderr  # 1: fp8 cannot run on this machine
     results = json.loads(done.stdout)["configs"]
     print(json.dumps(results, indent=1))
-    quantized = {"int8", "int4-g32", "int4-g64", "none+kv-int8", "fp8"}
+    int8, kv_int8 = "int8@float32", "none@float32+kv-int8"
+    quantized = {int8, "int4-g32", "int4-g64", kv_int8, "fp8"}
     # The baseline is float32; config none is auto: bfloat16 matrices where this CPU has AMX
     # (then a row of its own), float32 where it has not (then the baseline covers it).
     amx = half_matrices.amx_capable()
     assert set(results) == {"none@float32", *quantized, *(["none"] if amx else [])}
     assert "compute capability 8.9" in results["fp8"]["error"]
     base = results["none@float32"]
-    assert base["dtype"] == "float32"
+    assert base["dtype"] == results[int8]["dtype"] == results[kv_int8]["dtype"] == "float32"
     assert 1 < base["perplexity"] < 100  # a real model on real prose
     if amx:
         assert results["none"]["dtype"] == "bfloat16"
@@ -80,25 +88,28 @@ def test_eval_measures_each_precision_against_float32():
         assert results["none"]["weight_mib"] < base["weight_mib"]
     assert base["greedy_agreement"] >= 0.95  # float32 against its own greedy tokens
     # The issue's bars: int8 within +1%, int4 within +15%, KV int8 within +1%.
-    assert results["int8"]["perplexity_vs_baseline"] <= 1.01
+    assert results[int8]["perplexity_vs_baseline"] <= 1.01
     assert results["int4-g32"]["perplexity_vs_baseline"] <= 1.15
-    assert results["none+kv-int8"]["perplexity_vs_baseline"] <= 1.01
+    assert results[kv_int8]["perplexity_vs_baseline"] <= 1.01
     # The bundled checkpoint is already 4-bit in blocks of 32 (GGUF Q4_1): groups of 64 must
     # put two blocks' grids on one, which measured +30% here, short of the issue's +15% for
     # group 64 (a float checkpoint would be needed to hold that bar). Guarded, not hidden:
     assert 1.0 < results["int4-g64"]["perplexity_vs_baseline"] < 1.5
-    assert results["int8"]["greedy_agreement"] >= 0.90
+    assert results[int8]["greedy_agreement"] >= 0.90
     # The KV cache precision changed what perplexity saw: it is not float32's number again.
-    assert results["none+kv-int8"]["perplexity"] != base["perplexity"]
+    assert results[kv_int8]["perplexity"] != base["perplexity"]
     # Same number of cached tokens, fewer bytes; fewer weight bytes per format.
-    assert results["none+kv-int8"]["kv_cache_mib"] < 0.3 * base["kv_cache_mib"]
+    assert results[kv_int8]["kv_cache_mib"] < 0.3 * base["kv_cache_mib"]
     assert results["int4-g64"]["weight_mib"] < results["int4-g32"]["weight_mib"]
-    assert results["int4-g32"]["weight_mib"] < results["int8"]["weight_mib"] < base["weight_mib"]
-    for name in ("none@float32", "int8", "int4-g32", "int4-g64", "none+kv-int8"):
+    assert results["int4-g32"]["weight_mib"] < results[int8]["weight_mib"] < base["weight_mib"]
+    for name in ("none@float32", int8, "int4-g32", "int4-g64", kv_int8):
         figures = results[name]
         assert figures["batch1_decode_tokens_per_s"] > 0
         assert figures["batch32_output_tokens_per_s"] > 0
-        assert figures["peak_rss_mib"] >= figures["rss_mib"] > figures["weight_mib"]
-    # Serving holds less with smaller weights and a smaller cache.
-    assert results["int8"]["rss_mib"] < base["rss_mib"]
-    assert results["none+kv-int8"]["rss_mib"] < base["rss_mib"]
+        # Resident while serving: at least the weights and the KV cache (zeroed, so touched).
+        held = figures["weight_mib"] + figures["kv_cache_mib"]
+        assert figures["peak_rss_mib"] >= figures["rss_mib"] > held
+    # Serving holds less with smaller weights, and with a smaller cache: each row differs from
+    # the baseline in that alone (same dtype), by hundreds of MiB of bytes counted above.
+    assert results[int8]["rss_mib"] < base["rss_mib"]
+    assert results[kv_int8]["rss_mib"] < base["rss_mib"]
