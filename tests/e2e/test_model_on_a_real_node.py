@@ -69,7 +69,25 @@ LOAD = {
 
 
 @pytest.fixture(scope="module")
-def cluster(chart: Cluster, server_cpu) -> Cluster:
+def adapters(chart: Cluster, tmp_path_factory) -> Path:
+    """Three LoRA adapters of the bundled model in a folder of this machine (the node) and the
+    claim `adapters` on it, made before the image is waited for: the controller manager binds
+    the two meanwhile (its binder may take a resync of 15 s), not during the LoRA test."""
+    folder = tmp_path_factory.mktemp("adapters")
+    base = builtin_path("smollm2-135m-instruct")
+    for i, name in enumerate(("formal", "terse", "pirate")):
+        build_adapter(
+            base, folder / name, AdapterSpec(rank=4, targets=("q_proj", "v_proj"), seed=i)
+        )
+    for path in [folder, *folder.rglob("*")]:  # the pod runs as uid 1000
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    folder.parent.chmod(0o755)
+    _claim_of_adapters(chart, folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cluster(chart: Cluster, server_cpu, adapters) -> Cluster:
     """The session's chart (conftest.py), once the server-cpu image, which it names as the
     models' image, is in the node."""
     server_cpu.wait(timeout=600)
@@ -361,8 +379,8 @@ def test_the_autoscaler_adds_a_replica_under_load_and_removes_it_after(cluster, 
 
 
 def _claim_of_adapters(cluster: Cluster, folder: Path) -> None:
-    """A PersistentVolumeClaim `adapters` bound to a hostPath volume of `folder`, on this
-    machine, which is the node (kube-controller-manager's binder binds the two)."""
+    """A PersistentVolumeClaim `adapters` for a hostPath volume of `folder`, on this machine,
+    which is the node (kube-controller-manager's binder binds the two, later)."""
     volume = {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
@@ -389,13 +407,8 @@ def _claim_of_adapters(cluster: Cluster, folder: Path) -> None:
     }
     with cluster.plane.client() as http:
         http.post("/api/v1/persistentvolumes", json=volume).raise_for_status()
-        http.post(cluster.path("/api/v1/namespaces/{ns}/persistentvolumeclaims"), json=claim)
-
-    def bound() -> bool:
-        found = cluster.plane.get("/api/v1/namespaces/models/persistentvolumeclaims/adapters")
-        return (found or {}).get("status", {}).get("phase") == "Bound"
-
-    wait_for("the adapters' claim to be bound", bound, timeout=60, interval=1)
+        claims = cluster.path("/api/v1/namespaces/{ns}/persistentvolumeclaims")
+        http.post(claims, json=claim).raise_for_status()
 
 
 def _chat(cluster: Cluster, model: str) -> dict:
@@ -407,18 +420,14 @@ def test_lora_adapters_from_a_claim_and_one_added_without_a_restart(cluster, tmp
     """Two adapters in the spec at `kubectl apply`: both listed by the gateway with the model as
     parent and answering; a third appended to the spec is loaded by the running pod (the
     kubelet refreshes the mounted list) and answers, with the same pod, never restarted."""
+
     # Beside sleepy's one replica: the operator (100m), the gateway (2 x 200m) and two models
     # at CPU each fit the node's two cores.
-    folder = tmp_path_factory.mktemp("adapters")
-    base = builtin_path("smollm2-135m-instruct")
-    for i, name in enumerate(("formal", "terse", "pirate")):
-        build_adapter(
-            base, folder / name, AdapterSpec(rank=4, targets=("q_proj", "v_proj"), seed=i)
-        )
-    for path in [folder, *folder.rglob("*")]:  # the pod runs as uid 1000
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    folder.parent.chmod(0o755)
-    _claim_of_adapters(cluster, folder)
+    def bound() -> bool:
+        found = cluster.plane.get("/api/v1/namespaces/models/persistentvolumeclaims/adapters")
+        return (found or {}).get("status", {}).get("phase") == "Bound"
+
+    wait_for("the adapters' claim (the adapters fixture's) to be bound", bound, 60, interval=0.5)
     adapters = [{"name": n, "source": f"pvc://adapters/{n}"} for n in ("formal", "terse")]
     spec = {
         "model": {"source": "builtin://smollm2-135m-instruct", "servedModelName": "tuned"},
