@@ -92,7 +92,10 @@ def server_container(
     if resources.gpus:
         limits[resources.gpu_resource_name] = str(resources.gpus)
     probe = {"httpGet": {"path": "/ready", "port": "http"}, "timeoutSeconds": 5}
-    startup_period = 10
+    # The startup probe's period is how long a loaded server may sit unready: every wake from
+    # zero and every scale-up waits for it, so probe often (a GET of /ready is cheap) and let
+    # the threshold, not the period, hold the start-up timeout.
+    startup_period = 2
     return {
         "name": "server",
         "image": image,
