@@ -7,7 +7,6 @@ Its own control plane, not the session's `kube`: these tests upgrade, re-scope a
 the release, which changes the CRD and the RBAC for everyone on that plane."""
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,12 +15,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
-
 from kvpilot_testing.kube.cluster import wait_for
 from kvpilot_testing.kube.controlplane import ControlPlane
 from kvpilot_testing.kube.install import NAMESPACE, RELEASE, Installed, install
-from kvpilot_testing.live_server import free_port
+from kvpilot_testing.kube.operator import answers
+from kvpilot_testing.live_server import free_port, terminate
 
 # The Deployment's `command: [kvpilot]`: the console script of the venv the tests run in.
 KVPILOT = Path(sys.executable).parent / "kvpilot"
@@ -119,22 +117,12 @@ class ChartOperator:
 
     def _alive(self) -> bool:
         assert self.process is not None
-        if self.process.poll() is not None:
-            raise RuntimeError(f"the operator exited with {self.process.returncode}")
-        try:
-            return httpx.get(self.liveness, timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers(self.process, self.liveness)
 
     def stop(self) -> None:
         if self.process is None:
             return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        terminate(self.process, grace=20)
         self.process = None
         self.stopped = datetime.now(UTC)
 

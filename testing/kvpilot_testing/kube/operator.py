@@ -9,7 +9,6 @@ namespace out of an all-namespaces watch. A test that restarts, kills or reconfi
 operator runs a private one that watches its own namespace only."""
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,9 +25,19 @@ from kvpilot_testing.kube.cluster import (
     wait_for,
 )
 from kvpilot_testing.kube.install import Installed
-from kvpilot_testing.live_server import free_port
+from kvpilot_testing.live_server import free_port, terminate
 
 WATCHED = "op-"  # the namespaces the shared operator watches: op-<test>-<n>
+
+
+def answers(process: subprocess.Popen | None, liveness: str) -> bool:
+    """Whether an operator's liveness endpoint answers; an operator that exited is an error."""
+    if process is not None and process.poll() is not None:
+        raise RuntimeError(f"the operator exited with {process.returncode}")
+    try:
+        return httpx.get(liveness, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 class Operator:
@@ -58,22 +67,11 @@ class Operator:
         wait_for("the operator's liveness endpoint", self.alive, timeout=60, interval=0.1)
 
     def alive(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
-            raise RuntimeError(f"the operator exited with {self.process.returncode}")
-        try:
-            return httpx.get(self.liveness, timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers(self.process, self.liveness)
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None:
+            terminate(self.process, grace=20)
         self.process = None
 
     def log_size(self) -> int:
