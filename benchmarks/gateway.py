@@ -98,7 +98,9 @@ def main() -> None:
         node = Node(cluster, *serve_tiny(tiny))
         node.start(interval=0.2)
         cluster.create(MD, {"metadata": {"name": SERVED}, "spec": _spec(1, False)})
-        cluster.start_operator(workdir / "operator.log")
+        # Every namespace, as the chart installed with watch.scope=All runs it: one named
+        # namespace would have kopf list namespaces, which that scope does not grant.
+        cluster.start_operator(workdir / "operator.log", namespaces=())
         cluster.wait_for_operator()
         most = max(levels) + 1
         gateway = Gateway(
