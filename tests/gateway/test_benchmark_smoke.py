@@ -7,6 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# The benchmark brings up a control plane of its own, not the session's `kube`: the tiers
+# cannot see it from the fixtures, so it is marked here.
+pytestmark = pytest.mark.k8s
+
 ROOT = Path(__file__).parents[2]
 
 
