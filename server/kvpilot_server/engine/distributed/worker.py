@@ -89,4 +89,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # Not sys.exit: the stdin watcher is blocked in a read holding stdin's lock, and the
+    # interpreter's shutdown then aborts ("could not acquire lock ... at interpreter shutdown")
+    # after a second or more, exiting by SIGABRT from a clean stop.
+    logging.shutdown()
+    os._exit(code)

@@ -119,3 +119,7 @@ def test_every_rank_builds_the_matrices_rank_0_does(tiny_dir, open_engines, capf
     llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0))  # both ranks built
     err = capfd.readouterr().err
     assert any("rank 1" in line and "bfloat16 matrices" in line for line in err.splitlines())
+    # A clean stop is a clean exit: the worker's stdin watcher must not abort its shutdown.
+    llm.engine.close()
+    assert [p.returncode for p in llm.engine.workers.procs.values()] == [0]
+    assert "Fatal Python error" not in capfd.readouterr().err
