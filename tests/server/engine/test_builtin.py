@@ -19,6 +19,7 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
     assert leftovers == []  # neither the target nor a temporary directory
 
 
+@pytest.mark.slow  # a whole conversion of SmolLM2 from its GGUF, into a cache of its own
 def test_a_conversion_is_readable_by_other_users(tmp_path, monkeypatch):
     """An image converts the model as root and serves it as uid 1000: every file must be
     readable by others (safetensors writes its file 0600; a real kubelet's pod met that)."""
