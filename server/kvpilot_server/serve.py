@@ -6,6 +6,9 @@ Every way start-up can fail ends in one log line and a termination message namin
 
 import argparse
 import logging
+import os
+import sys
+from typing import NoReturn
 
 from kvpilot_common import termination
 from kvpilot_common.http.serving import draining_server, http_config
@@ -14,7 +17,19 @@ from kvpilot_server.engine_args import engine_config
 log = logging.getLogger("kvpilot")
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def run_serve(args: argparse.Namespace) -> NoReturn:
+    """Serve until drained, then end the process at once: the engine has stopped (its
+    tensor-parallel workers told to), the logs and the termination message are written, and
+    what is left of an interpreter's shutdown is torch deregistering its operators, most of a
+    second that every pod's termination, scale-down and restart would wait out."""
+    code = _serve_until_drained(args)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _serve_until_drained(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     from kvpilot_common.errors import ConfigError, KvpilotError
     from kvpilot_common.http.keys import load_key_book
