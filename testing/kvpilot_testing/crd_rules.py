@@ -11,6 +11,7 @@ own words (crd_messages), step by step as kube-apiserver v1.35 takes them:
 tests/operator/test_crd_apiserver.py sends the same objects to a real API server and compares
 the lists."""
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,12 +134,18 @@ def _rules(node: dict, value: Any, path: tuple = ()) -> Iterator[tuple[str, str,
             yield from _rules(node["items"], item, (*path, i))
 
 
-def cel_errors(obj: dict) -> list[str]:
+@functools.cache
+def _program(rule: str) -> Any:
+    """A rule compiled once: compiling is most of the time an evaluation takes, and the cases
+    (some of them parametrizing tests at collection) share the CRD's few rules."""
     env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def cel_errors(obj: dict) -> list[str]:
     failed = []
     for rule, message, value, path in _rules(crd.schema(), obj):
-        program = env.program(env.compile(rule))
-        if not bool(program.evaluate({"self": celpy.json_to_cel(value)})):
+        if not bool(_program(rule).evaluate({"self": celpy.json_to_cel(value)})):
             failed.append(words.rule_error(path, value, message))
     return failed
 
