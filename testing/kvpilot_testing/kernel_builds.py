@@ -2,12 +2,14 @@
 compiler's work kept between runs.
 
 The build directory lives under $KVPILOT_CACHE (default ~/.cache/kvpilot), one per torch and
-Python build, and torch's ninja build compiles again whatever changed there: a source, a header
-(ninja reads the compiler's dependency files), the flags or torch's own paths. So a test gets
-the module these sources compile to, as a fresh build would, without compiling it every run.
+Python build and per checkout, and torch's ninja build compiles again whatever changed there: a
+source, a header (ninja reads the compiler's dependency files), the flags or torch's own paths.
+So a test gets the module these sources compile to, as a fresh build would, without compiling it
+every run.
 """
 
 import fcntl
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -20,9 +22,13 @@ def prebuilt_root(level: cpu_kernels.Level) -> Path:
     import torch
 
     cache = Path(os.environ.get("KVPILOT_CACHE") or Path.home() / ".cache" / "kvpilot")
-    # One per torch and interpreter: two virtual environments sharing the cache never rebuild
-    # over each other's objects.
-    tag = f"{torch.__version__}-{sys.implementation.cache_tag}-{level.name}"
+    # One per torch, interpreter and checkout: the compile commands name the sources' and
+    # torch's folders, so two checkouts (a worktree beside /work/main, sharing its virtual
+    # environment and this cache) sharing one folder rewrote each other's build.ninja, and each
+    # run after the other's compiled all nine objects again (27 s of a 28 s test).
+    where = f"{cpu_kernels.CSRC.resolve()}\0{Path(torch.__file__).resolve()}"
+    checkout = hashlib.sha256(where.encode()).hexdigest()[:12]
+    tag = f"{torch.__version__}-{sys.implementation.cache_tag}-{checkout}-{level.name}"
     return cache / "test-kernels" / tag
 
 
