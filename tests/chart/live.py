@@ -3,8 +3,12 @@ operator run exactly as the installed Deployment says (its command, args and env
 from the API server) under a token of the chart's ServiceAccount, so only the chart's RBAC
 applies to it. The audit log then tells which calls it made and what the API server answered.
 
-Its own control plane, not the session's `kube`: these tests upgrade, re-scope and uninstall
-the release, which changes the CRD and the RBAC for everyone on that plane."""
+A control plane of their own, not the session's `kube`: these tests upgrade, re-scope and
+uninstall the release, which changes the CRD and the RBAC for everyone on that plane. One for
+all the chart modules of a session (tests/chart/conftest.py), one release at a time: each
+module installs its own and leaves the plane as it found it (every plane start costs seconds).
+The release's name and namespace are the same every time (the kept CRD belongs to them), so a
+module's audit events are the ones received since its install (`Installed.since`)."""
 
 import os
 import subprocess
@@ -15,9 +19,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kvpilot_testing.kube.cluster import wait_for
-from kvpilot_testing.kube.controlplane import ControlPlane
-from kvpilot_testing.kube.install import NAMESPACE, RELEASE, Installed, install
+import httpx
+
+from kvpilot_testing.kube.cluster import EVENTS, MD, MERGE, PODS, wait_for
+from kvpilot_testing.kube.controlplane import ControlPlane, ControlPlaneError
+from kvpilot_testing.kube.install import NAMESPACE, RELEASE, Installed, helm, install
 from kvpilot_testing.kube.operator import answers
 from kvpilot_testing.live_server import free_port, terminate
 
@@ -29,19 +35,76 @@ OPERATOR = f"{RELEASE}-operator"  # the Deployment's and the ServiceAccount's na
 OVERRIDABLE = ("--liveness", "--metrics-port")
 
 
-@contextmanager
-def fresh_release(workdir: Path, *values: str) -> Iterator[Installed]:
-    """A new control plane with the chart installed (`values`: helm flags, none: the chart's
-    defaults). The controller manager starts after the install so that its garbage collector
-    knows the CRD from the start (it rediscovers resources only every 30 s)."""
-    plane = ControlPlane(workdir)
-    try:
-        plane.start(controller_manager=False)
-        installed = install(plane, *values)
-        plane.start_controller_manager()
-        yield installed
-    finally:
-        plane.stop()
+class ChartPlane:
+    """The chart tests' control plane: started with the first release, stopped by stop()."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.plane = ControlPlane(workdir)
+        self.started = False
+        self.failed: ControlPlaneError | None = None
+
+    @contextmanager
+    def release(self, *values: str) -> Iterator[Installed]:
+        """The chart installed (`values`: helm flags, none: the chart's defaults); removed after,
+        with what its tests left. The controller manager starts after the first install so that
+        its garbage collector knows the CRD from the start (it rediscovers resources only every
+        30 s); the CRD stays for the later releases (helm keeps it, and they adopt it)."""
+        if self.failed is not None:  # once is enough: every start would wait it out
+            raise self.failed
+        first = not self.started
+        if first:
+            self.started = True
+            try:
+                self.plane.start(controller_manager=False)
+            except ControlPlaneError as exc:
+                self.failed = exc
+                raise
+        try:  # cleared even when the install fails half way, so that no later module fails
+            installed = install(self.plane, *values)
+            if first:
+                self.plane.start_controller_manager()
+            yield installed
+        finally:
+            self._clear()
+
+    def _clear(self) -> None:
+        """What a module leaves that the next one could meet: its ModelDeployments (with kopf's
+        finalizer if its operator stopped first), the release, the pods of both (a pod bound
+        to a node gone with its test waits for a kubelet to finish deleting it), the Events and
+        kopf's peering objects of the release namespace. The namespace stays: deleting one
+        takes 5 s (the namespace controller waits that long before it starts)."""
+        with self.plane.client() as http:
+            for md in _items(http, MDS):
+                path = MD.format(ns=md["metadata"]["namespace"]) + f"/{md['metadata']['name']}"
+                http.patch(path, json={"metadata": {"finalizers": None}}, headers=MERGE)
+                http.delete(path)
+            wait_for("the ModelDeployments to go", lambda: not _items(http, MDS), timeout=30)
+            helm(self.plane, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--ignore-not-found")
+            pods = PODS.format(ns=NAMESPACE)
+
+            def no_pods() -> bool:  # the garbage collector deletes them; bound ones wait
+                left = _items(http, pods)
+                for pod in left:
+                    if pod["metadata"].get("deletionTimestamp"):  # as a kubelet finishes it
+                        path = f"{pods}/{pod['metadata']['name']}"
+                        http.request("DELETE", path, json={"gracePeriodSeconds": 0})
+                return not left
+
+            wait_for("the release namespace's pods to go", no_pods, timeout=30)
+            http.delete(EVENTS.format(ns=NAMESPACE)).raise_for_status()
+            peerings = f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings"
+            if http.get(peerings).status_code == 200:  # the CRD is there (kept once installed)
+                http.delete(peerings).raise_for_status()
+
+    def stop(self) -> None:
+        self.plane.stop()
+
+
+MDS = MD.replace("/namespaces/{ns}", "")  # in every namespace
+
+
+def _items(http: httpx.Client, path: str) -> list[dict]:
+    return http.get(path).raise_for_status().json()["items"]
 
 
 def operator_container(plane: ControlPlane) -> dict:
@@ -147,6 +210,13 @@ class ChartOperator:
             for event in self.installed.plane.audit(self.installed.operator_user)
             if self.started <= _received(event) <= until
         ]
+
+
+def operator_events(installed: Installed) -> list[dict]:
+    """The audit events of the release's operator ServiceAccount, every run of it since the
+    install (not an earlier release's of the same name)."""
+    user = installed.operator_user
+    return [e for e in installed.plane.audit(user) if _received(e) >= installed.since]
 
 
 def _received(event: dict) -> datetime:

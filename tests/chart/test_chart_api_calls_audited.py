@@ -33,7 +33,6 @@ from tests.chart.live import (
     ChartOperator,
     calls,
     forbidden,
-    fresh_release,
     is_public,
     non_resource,
 )
@@ -87,8 +86,8 @@ def _allowed(made: Call, watched: str | None) -> bool:
 
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory) -> Iterator[Installed]:
-    with fresh_release(tmp_path_factory.mktemp("api-calls")) as installed:
+def release(chart_plane) -> Iterator[Installed]:
+    with chart_plane.release() as installed:
         yield installed
 
 

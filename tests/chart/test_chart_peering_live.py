@@ -26,7 +26,7 @@ from kvpilot_operator import permissions
 from kvpilot_testing.kube.cluster import DEPLOYMENTS, MD, Cluster, wait_for
 from kvpilot_testing.kube.install import NAMESPACE, Installed
 from kvpilot_testing.kube.node import PORT, Node
-from tests.chart.live import OPERATOR, ChartOperator, calls, forbidden, fresh_release
+from tests.chart.live import OPERATOR, ChartOperator, calls, forbidden, operator_events
 
 LIFETIME = 5  # seconds; the chart's least (kopf then renews the keep-alive every second)
 SPEC = {
@@ -36,10 +36,10 @@ SPEC = {
 
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory) -> Iterator[Installed]:
+def release(chart_plane) -> Iterator[Installed]:
     values = ["--set", "operator.replicas=2"]
     values += ["--set", f"operator.peeringLifetimeSeconds={LIFETIME}"]
-    with fresh_release(tmp_path_factory.mktemp("peering"), *values) as installed:
+    with chart_plane.release(*values) as installed:
         yield installed
 
 
@@ -129,7 +129,7 @@ def test_one_of_two_operators_acts_and_the_other_takes_over_when_killed(release,
         cluster.close()
         print(first.log_tail(), second.log_tail())  # shown when the test fails
 
-    events = list(release.plane.audit(release.operator_user))
+    events = operator_events(release)
     assert forbidden(events) == []
     made = [c for e in events for c in calls(e) if c.api_group == "kopf.dev"]
     peering = {(c.resource, c.verb, c.namespace) for c in made}
@@ -170,7 +170,7 @@ def _scales(release: Installed, name: str) -> list[dict]:
     """The operators' scale subresource patches of `name` that the API server carried out."""
     return [
         e
-        for e in release.plane.audit(release.operator_user)
+        for e in operator_events(release)
         if e["verb"] == "patch"
         and (e.get("objectRef") or {}).get("subresource") == "scale"
         and e["objectRef"].get("name") == name
@@ -220,7 +220,7 @@ def test_a_replica_frozen_past_its_keep_alive_loses_no_autoscaling_decision(rele
         assert len(scales) == 1, [s["requestReceivedTimestamp"] for s in scales]
         assert [(d["from"], d["to"]) for d in _decisions(cluster)] == [(1, 3)], md["status"]
         assert md["spec"]["replicas"] == 3
-        refused = [e for e in release.plane.audit(release.operator_user) if _conflict(e)]
+        refused = [e for e in operator_events(release) if _conflict(e)]
         print(f"{len(refused)} writes of the ModelDeployment refused with 409")
         cluster.delete_model_deployments()
     finally:

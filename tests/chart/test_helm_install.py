@@ -24,7 +24,7 @@ from kvpilot_testing.kube.install import (
     wait_for_crd,
 )
 from kvpilot_testing.kube.node import Node
-from tests.chart.live import ChartOperator, forbidden, fresh_release
+from tests.chart.live import ChartOperator, forbidden
 
 SAMPLE = Path(__file__).parents[2] / "crds" / "samples" / "builtin-cpu.yaml"
 CRD_PATH = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
@@ -54,8 +54,8 @@ PATHS = {  # where each kind of the release's objects is read back
 
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory) -> Iterator[Installed]:
-    with fresh_release(tmp_path_factory.mktemp("helm-install")) as installed:
+def release(chart_plane) -> Iterator[Installed]:
+    with chart_plane.release() as installed:
         yield installed
 
 

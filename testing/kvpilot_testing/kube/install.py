@@ -2,7 +2,8 @@
 the operator's and the gateway's pods would have: a token of each one's ServiceAccount."""
 
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,10 @@ class Installed:
     gateway_kubeconfig: Path | None = None
     gateway_user: str | None = None
     operator: "Operator | None" = None  # the session's shared one (kube/operator.py)
+    # When the release was installed (its ServiceAccounts made): on a plane that outlives its
+    # releases (tests/chart), the audit events of this one's accounts are those received since,
+    # as every release of the same name has accounts of the same names.
+    since: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 def _kubeconfig(plane: ControlPlane, account: str) -> tuple[Path, str]:
@@ -58,9 +63,10 @@ def install(plane: ControlPlane, *values: str, release: str = RELEASE) -> Instal
     """`helm install` (no --wait: no pod of the chart's Deployments ever runs here), the CRD
     Established, and kubeconfigs with a token for the operator's ServiceAccount and, when the
     release has one, the gateway's."""
+    since = datetime.now(UTC)
     helm(plane, "install", release, str(CHART), "-n", NAMESPACE, "--create-namespace", *values)
     wait_for_crd(plane)
-    installed = Installed(plane, *_kubeconfig(plane, f"{release}-operator"))
+    installed = Installed(plane, *_kubeconfig(plane, f"{release}-operator"), since=since)
     gateway = f"{release}-gateway"
     if plane.get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{gateway}") is not None:
         installed.gateway_kubeconfig, installed.gateway_user = _kubeconfig(plane, gateway)
