@@ -83,8 +83,10 @@ def test_sampled_tokens_are_distributed_as_without_drafts(corpus_ids, monkeypatc
         (bonus,) = sampler.sample(logits[-1:], [seq])
         return [Sample(t) for t in draft] + [bonus]
 
+    # The same drafting engine, its generator further on: the engine looks verify up at each
+    # step, and a third engine would only load the model again (a second or more of the test).
     monkeypatch.setattr(llm_engine.speculative, "verify", accept_all)
-    greedy = _sampled(LLM(**args, seed=3, **SPECULATIVE), prompt)
+    greedy = _sampled(llm, prompt)
     p_wrong = _worst_p(plain, greedy)
     print(json.dumps({"p_drafted": p_drafted, "p_accept_all": p_wrong, **vars(counts)}))
     assert p_wrong < 0.001, p_wrong
