@@ -3,6 +3,7 @@ operator, the test's kubelet running a real `kvpilot serve` (tiny model) per pod
 `kvpilot gateway` processes; everything stopped by PID afterwards."""
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -32,15 +33,17 @@ def _live(kube, cluster: Cluster, tmp_path, tiny_dir) -> Iterator[Live]:
     # The pod's extra server flags are looked up when it starts: a test sets live.pod_args
     # before making its ModelDeployment.
     node = env.node = Node(cluster, *serve_tiny(tiny_dir("llama"), extra_args=env.args_for))
-    node.start(interval=0.2)
+    node.start(interval=0.1)  # a pod binds, and turns ready, at the next pass
     try:
         yield env
         cluster.delete_model_deployments()  # without an operator, no finalizer waits for one
     finally:
-        for gateway in env.gateways:
-            gateway.stop()
-        node.stop()
-        cluster.stop_operator()
+        # Every process stopped side by side: each takes a moment to exit, and one after
+        # another the teardown waited out each in turn. The node starts nothing once stopped,
+        # whatever the operator still does.
+        stops = [gateway.stop for gateway in env.gateways] + [node.stop, cluster.stop_operator]
+        with ThreadPoolExecutor(len(stops)) as pool:
+            list(pool.map(lambda stop: stop(), stops))  # list(): a stop that raised raises
         for gateway in env.gateways:
             print(f"--- {gateway.log_path.name}\n{gateway.log()[-3000:]}")
         operator_log = tmp_path / "operator.log"

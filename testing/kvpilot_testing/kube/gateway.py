@@ -50,7 +50,8 @@ class Gateway:
             except httpx.HTTPError:
                 return False
 
-        wait_for("the gateway to be ready", ready, timeout=timeout, interval=0.2)
+        # Polled often: a refused connection costs nothing, and every test waits on this.
+        wait_for("the gateway to be ready", ready, timeout=timeout, interval=0.05)
         return self
 
     def kill(self) -> None:
