@@ -7,7 +7,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpilot_testing.kube.cluster import Cluster
+from kvpilot_common.naming import INSTANCE_LABEL, MANAGED_BY
+from kvpilot_testing.kube.cluster import MD, PODS, Cluster, wait_for
 from kvpilot_testing.kube.gateway import Gateway
 from kvpilot_testing.kube.node import PORT, Node
 
@@ -30,6 +31,44 @@ def spec(replicas: int, autoscaling: bool = True, **scaling: object) -> dict:
             **scaling,
         }
     return body
+
+
+def create_model(cluster: Cluster, name: str, served: str | None = None, replicas: int = 0) -> None:
+    """A ModelDeployment: at zero with autoscaling, or `replicas` without."""
+    body = spec(replicas, autoscaling=replicas == 0)
+    if served:
+        body["model"]["servedModelName"] = served
+    cluster.create(MD, {"metadata": {"name": name}, "spec": body})
+
+
+def create_pod(cluster: Cluster, model: str, served: str) -> None:
+    """The pod the operator would make for `model` (its labels, its port, its served name),
+    made directly: for tests that need replicas, not the operator's reconcile."""
+    labels = {MANAGED_BY[0]: MANAGED_BY[1], INSTANCE_LABEL: model}
+    container = {
+        "name": "server",
+        "image": "kvpilot:test",
+        "args": [f"--served-model-name={served}"],
+        "ports": [{"name": "http", "containerPort": PORT}],
+    }
+    pod = {
+        "metadata": {"name": f"{model}-0", "labels": labels},
+        "spec": {"containers": [container]},
+    }
+    cluster.create(PODS, pod)
+
+
+def wait_ready(gateway: Gateway, name: str, replicas: int = 1, headers: dict | None = None) -> None:
+    """Until the gateway lists `name` with `replicas` ready replicas (each answers by then: the
+    node reports a pod ready once its server does)."""
+
+    def ready() -> bool:
+        cards = httpx.get(f"{gateway.url}/v1/models", headers=headers, timeout=5).json()["data"]
+        return any(c["id"] == name and c["ready_replicas"] >= replicas for c in cards)
+
+    wait_for(
+        f"{replicas} ready replicas of {name} at the gateway", ready, timeout=120, interval=0.1
+    )
 
 
 def pod_metric(address: str, name: str) -> float:

@@ -17,49 +17,16 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from kvpilot_common.naming import INSTANCE_LABEL, MANAGED_BY
 from kvpilot_testing import attacks, gateway_attacks
 from kvpilot_testing.kube.cluster import MD, PODS, Cluster, create_namespace, wait_for
 from kvpilot_testing.kube.gateway import Gateway
 from kvpilot_testing.kube.node import PORT, Node, serve_tiny
 from kvpilot_testing.raw_http import CLOSED, raw_request
-from tests.gateway.live import spec
+from tests.gateway.live import create_model, create_pod, wait_ready
 
 # "Above idle, whatever the clients send" (docs/limits.md): generous against allocator noise,
 # far below what each attack cost before (hundreds of MiB).
 RSS_GROWTH_MIB = 100
-
-
-def _model(cluster: Cluster, name: str, served: str | None = None, replicas: int = 0) -> None:
-    body = spec(replicas, autoscaling=replicas == 0)
-    if served:
-        body["model"]["servedModelName"] = served
-    cluster.create(MD, {"metadata": {"name": name}, "spec": body})
-
-
-def _pod(cluster: Cluster, model: str, served: str) -> None:
-    """The pod the operator would make for `model` (its labels, its port, its served name),
-    made directly: these tests need replicas, not the operator's reconcile."""
-    labels = {MANAGED_BY[0]: MANAGED_BY[1], INSTANCE_LABEL: model}
-    container = {
-        "name": "server",
-        "image": "kvpilot:test",
-        "args": [f"--served-model-name={served}"],
-        "ports": [{"name": "http", "containerPort": 8000}],
-    }
-    pod = {
-        "metadata": {"name": f"{model}-0", "labels": labels},
-        "spec": {"containers": [container]},
-    }
-    cluster.create(PODS, pod)
-
-
-def _ready(gateway, name: str) -> None:
-    def ready() -> bool:
-        cards = httpx.get(f"{gateway.url}/v1/models", timeout=5).json()["data"]
-        return any(c["id"] == name and c["ready"] for c in cards)
-
-    wait_for(f"{name} to be ready at the gateway", ready, timeout=120, interval=0.3)
 
 
 def test_a_served_name_spelling_another_namespace_cannot_take_its_traffic(live, kube, tiny_dir):
@@ -71,16 +38,19 @@ def test_a_served_name_spelling_another_namespace_cannot_take_its_traffic(live, 
     attacker = Cluster(kube.plane, beta, kube.operator_kubeconfig)
     # A second Node in the process: its servers' addresses must differ from the first's.
     node = Node(attacker, *serve_tiny(tiny_dir("llama")))
-    node.start(interval=0.2)
+    node.start(interval=0.1)
     try:
-        _model(attacker, "grab", served=f"{victim}/llama", replicas=1)
-        _pod(attacker, "grab", f"{victim}/llama")
+        create_model(attacker, "grab", served=f"{victim}/llama", replicas=1)
+        grabbed = time.monotonic()
+        create_pod(attacker, "grab", f"{victim}/llama")
         gateway = live.gateway("--namespace", beta)
-        _ready(gateway, f"{victim}/llama")  # the squatter's, while alpha serves nothing
-        time.sleep(1.1)  # creation times have whole seconds: the victim's is later
-        _model(live.cluster, "llama", replicas=1)
-        _pod(live.cluster, "llama", "llama")
-        _ready(gateway, "llama")
+        wait_ready(gateway, f"{victim}/llama")  # the squatter's, while alpha serves nothing
+        # Creation times have whole seconds: the victim's is a later one. The squatter's
+        # server loading took most or all of that already.
+        time.sleep(max(0.0, grabbed + 1.1 - time.monotonic()))
+        create_model(live.cluster, "llama", replicas=1)
+        create_pod(live.cluster, "llama", "llama")
+        wait_ready(gateway, "llama")
         assert not set(node.addresses()) & set(live.node.addresses())
         answered = []
         for _ in range(10):
@@ -115,15 +85,18 @@ def test_headers_are_bounded_in_size_and_time(live):
     assert set(flood["statuses"]) <= {431, CLOSED}
     assert max(flood["sent_mib"]) < 4  # cut off near the 64 KiB limit, not after 100 MiB
     assert flood["rss_peak_mib"] - flood["rss_before_mib"] < RSS_GROWTH_MIB
-    assert set(attacks.oversized_headers(gateway.url).values()) <= {431, CLOSED}
-    slow = attacks.slow_clients(gateway.url, header_timeout=1.0, body_timeout=1.0)
+    with ThreadPoolExecutor(3) as pool:  # each waits out the header timeout: side by side
+        oversized = pool.submit(attacks.oversized_headers, gateway.url)
+        slowly = pool.submit(attacks.slow_clients, gateway.url, 1.0, 1.0)
+        idle = attacks.idle_connections(gateway.url, count=20, header_timeout=1.0)
+        slow = slowly.result()
+    assert set(oversized.result().values()) <= {431, CLOSED}
     assert slow["half_headers"][0] in (408, CLOSED) and slow["half_headers"][1] < 3.5
-    idle = attacks.idle_connections(gateway.url, count=20, header_timeout=1.0)
     assert idle == {"opened": 20, "health_meanwhile": 200, "still_open": 0}
 
 
 def test_held_bodies_are_bounded_in_bytes_and_keep_only_their_bytes(live):
-    _model(live.cluster, "sleepy")  # at zero, and no operator runs to wake it: held it stays
+    create_model(live.cluster, "sleepy")  # at zero, and no operator runs to wake it: held it stays
     # One client address, so one holder: its share is the whole budget here, whose bound this
     # tests (the shares are test_front_door_live.py's).
     gateway = live.gateway("--hold-timeout", "60", "--max-held-bytes-per-tenant", str(32 << 20))
@@ -158,7 +131,7 @@ def test_held_bodies_are_bounded_in_bytes_and_keep_only_their_bytes(live):
 
 
 def test_bodies_a_replica_would_refuse_are_400_before_routing(live):
-    _model(live.cluster, "sleepy")
+    create_model(live.cluster, "sleepy")
     gateway = live.gateway()
     bodies = {
         "deep": b'{"model": "sleepy", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
@@ -180,7 +153,7 @@ def test_bodies_a_replica_would_refuse_are_400_before_routing(live):
 
 
 def test_sigterm_answers_held_requests_and_exits_at_the_drain_timeout(live):
-    _model(live.cluster, "sleepy")
+    create_model(live.cluster, "sleepy")
     gateway = live.gateway("--drain-timeout", "2", "--hold-timeout", "120")
     url = f"{gateway.url}/v1/completions"
     with ThreadPoolExecutor(3) as pool:
@@ -206,13 +179,13 @@ def test_sigterm_answers_held_requests_and_exits_at_the_drain_timeout(live):
 
 
 def test_a_silent_replica_gets_its_client_a_504_not_a_wait(live):
-    _model(live.cluster, "chat", replicas=1)
-    _pod(live.cluster, "chat", "chat")
+    create_model(live.cluster, "chat", replicas=1)
+    create_pod(live.cluster, "chat", "chat")
     # No second scrape: a stopped replica would be marked down by it, and then held for.
     gateway = live.gateway(
         *("--upstream-timeout", "2", "--upstream-idle-timeout", "2", "--scrape-interval", "600")
     )
-    _ready(gateway, "chat")
+    wait_ready(gateway, "chat")
     stream = {"model": "chat", "prompt": "x", "max_tokens": 200, "ignore_eos": True}
     # A fresh replica's first request (its first forward pass: buffers allocated, kernels run
     # once) can take longer on a loaded machine than the 2 s the gateway gives a replica to
@@ -223,17 +196,27 @@ def test_a_silent_replica_gets_its_client_a_504_not_a_wait(live):
         f"http://{live.address(0)}:{PORT}/v1/completions", json=warm, timeout=120
     ).raise_for_status()
     url = f"{gateway.url}/v1/completions"
-    with httpx.stream("POST", url, json={**stream, "stream": True}, timeout=30) as answer:
+
+    def silent_request() -> tuple[httpx.Response, float]:
+        start = time.monotonic()
+        answer = httpx.post(url, json={**stream, "max_tokens": 1}, timeout=30)
+        return answer, time.monotonic() - start
+
+    with (
+        httpx.stream("POST", url, json={**stream, "stream": True}, timeout=30) as answer,
+        ThreadPoolExecutor(1) as pool,
+    ):
         lines = answer.iter_lines()
         assert next(lines).startswith("data: ")
         server = live.process(0)
         os.kill(server.pid, signal.SIGSTOP)  # the replica stops mid-stream, its socket open
         try:
             start = time.monotonic()
+            # A new request to the silent replica meanwhile: both timeouts run side by side.
+            asked = pool.submit(silent_request)
             rest = [line for line in lines if line]
             idle = time.monotonic() - start
-            silent = httpx.post(url, json={**stream, "max_tokens": 1}, timeout=30)
-            first_byte = time.monotonic() - start - idle
+            silent, first_byte = asked.result()
         finally:
             os.kill(server.pid, signal.SIGCONT)
     assert '"code": "gateway_timeout"' in rest[-2] and rest[-1] == "data: [DONE]"
@@ -276,7 +259,8 @@ def test_trailers_connection_headers_and_forwarding_headers_do_not_cross(live):
 
     def serve(address: str, _pod: dict) -> http.server.ThreadingHTTPServer:
         server = http.server.ThreadingHTTPServer((address, 8000), _Recorder)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        # Polled for shutdown() every 50 ms, not the default 0.5 s the teardown waited out.
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         return server
 
     assert live.node is not None
@@ -287,17 +271,11 @@ def test_trailers_connection_headers_and_forwarding_headers_do_not_cross(live):
 
     # Listening once made: its pod is ready at once, without the tiny server's probe.
     live.node.serve, live.node.stop_server, live.node.ready = serve, stop, None
-    _model(live.cluster, "chat", replicas=1)
-    _pod(live.cluster, "chat", "chat")
+    create_model(live.cluster, "chat", replicas=1)
+    create_pod(live.cluster, "chat", "chat")
     gateway = live.gateway(env={"KVPILOT_API_KEYS": "gateway-key"})
     auth = {"Authorization": "Bearer gateway-key"}
-    models = f"{gateway.url}/v1/models"
-    wait_for(
-        "the replica to be ready",
-        lambda: any(c["ready"] for c in httpx.get(models, headers=auth).json()["data"]),
-        timeout=60,
-        interval=0.3,
-    )
+    wait_ready(gateway, "chat", headers=auth)
     body = b'{"model": "chat", "prompt": "x", "max_tokens": 1}'
     request = (
         b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
