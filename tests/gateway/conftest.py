@@ -3,14 +3,13 @@ operator, the test's kubelet running a real `kvpilot serve` (tiny model) per pod
 `kvpilot gateway` processes; everything stopped by PID afterwards."""
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from kvpilot_testing.kube.cluster import Cluster
 from kvpilot_testing.kube.node import Node, serve_tiny
 from kvpilot_testing.kube.operator import namespace
-from tests.gateway.live import Live
+from tests.gateway.live import Live, show_logs, stop_side_by_side
 
 
 @pytest.fixture
@@ -27,6 +26,16 @@ def live(kube, live_watched, request, tmp_path, tiny_dir) -> Iterator[Live]:
         yield from _live(kube, cluster, tmp_path, tiny_dir)
 
 
+@pytest.fixture(scope="module")
+def module_live(kube, request, tmp_path_factory, tiny_dir) -> Iterator[Live]:
+    """One namespace and node, watched by the session's operator, for a module whose tests
+    all leave them as they found them (the module says why): what its replicas cost to start
+    is paid once. A test takes it through live.live_of_test."""
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    with namespace(kube, name, watched=True) as cluster:
+        yield from _live(kube, cluster, tmp_path_factory.mktemp(name), tiny_dir)
+
+
 def _live(kube, cluster: Cluster, tmp_path, tiny_dir) -> Iterator[Live]:
     kubeconfig = getattr(kube, "gateway_kubeconfig", None) or kube.plane.kubeconfig
     env = Live(cluster, kubeconfig, tmp_path)
@@ -38,14 +47,10 @@ def _live(kube, cluster: Cluster, tmp_path, tiny_dir) -> Iterator[Live]:
         yield env
         cluster.delete_model_deployments()  # without an operator, no finalizer waits for one
     finally:
-        # Every process stopped side by side: each takes a moment to exit, and one after
-        # another the teardown waited out each in turn. The node starts nothing once stopped,
-        # whatever the operator still does.
+        # The node starts nothing once stopped, whatever the operator still does.
         stops = [gateway.stop for gateway in env.gateways] + [node.stop, cluster.stop_operator]
-        with ThreadPoolExecutor(len(stops)) as pool:
-            list(pool.map(lambda stop: stop(), stops))  # list(): a stop that raised raises
-        for gateway in env.gateways:
-            print(f"--- {gateway.log_path.name}\n{gateway.log()[-3000:]}")
+        stop_side_by_side(stops)
+        show_logs(env.gateways)
         operator_log = tmp_path / "operator.log"
         if operator_log.exists():
             print(operator_log.read_text()[-3000:])

@@ -1,7 +1,8 @@
 """What the gateway's live tests share: a ModelDeployment spec, a replica's counter, and the
 running parts."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -71,19 +72,21 @@ def wait_ready(gateway: Gateway, name: str, replicas: int = 1, headers: dict | N
     )
 
 
-def pod_metric(address: str, name: str) -> float:
-    """A model server pod's metric `name` from its /metrics, summed over its labels."""
-    return metric_at(f"http://{address}:{PORT}", name)
+def pod_metric(address: str, name: str, **labels: str) -> float:
+    """A model server pod's metric `name` from its /metrics, summed over its samples whose
+    labels include `labels`."""
+    return metric_at(f"http://{address}:{PORT}", name, **labels)
 
 
-def metric_at(base_url: str, name: str) -> float:
-    """A server's metric `name` from its /metrics, summed over its labels."""
+def metric_at(base_url: str, name: str, **labels: str) -> float:
+    """A server's metric `name` from its /metrics, summed over its samples whose labels
+    include `labels`."""
     text = httpx.get(f"{base_url}/metrics", timeout=5).text
     return sum(
         s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name == name
+        if s.name == name and labels.items() <= s.labels.items()
     )
 
 
@@ -120,3 +123,25 @@ class Live:
         if not self.cluster.shared:
             self.cluster.start_operator(self.tmp / "operator.log")
             self.cluster.wait_for_operator()
+
+
+def live_of_test(env: Live) -> Iterator[Live]:
+    """A module's Live for one test: the gateways the test starts stop after it."""
+    first = len(env.gateways)
+    try:
+        yield env
+    finally:
+        stop_side_by_side([gateway.stop for gateway in env.gateways[first:]])
+        show_logs(env.gateways[first:])
+
+
+def stop_side_by_side(stops: list[Callable[[], None]]) -> None:
+    """Processes stopped side by side: each takes a moment to exit, and one after another a
+    teardown waited out each in turn."""
+    with ThreadPoolExecutor(max(1, len(stops))) as pool:
+        list(pool.map(lambda stop: stop(), stops))  # list(): a stop that raised raises here
+
+
+def show_logs(gateways: list[Gateway]) -> None:
+    for gateway in gateways:  # printed: pytest shows them when the test fails
+        print(f"--- {gateway.log_path.name}\n{gateway.log()[-3000:]}")

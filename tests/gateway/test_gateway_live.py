@@ -5,6 +5,7 @@ answers a request its timeout overtakes with a 503 in OpenAI's shape."""
 
 import json
 import time
+from collections.abc import Iterator
 
 import httpx
 import jsonschema
@@ -14,30 +15,39 @@ from openai import OpenAI
 
 from kvpilot_common import metric_names as names
 from kvpilot_common.http.serving import CUT_MESSAGE
+from kvpilot_testing.adversary import is_idle, wait_idle
 from kvpilot_testing.kube.cluster import MD, wait_for
 from kvpilot_testing.kube.gateway import Gateway
+from kvpilot_testing.kube.node import PORT
 from kvpilot_testing.raw_http import answer_of, cut_mid_body
-from tests.gateway.live import pod_metric, spec
+from tests.gateway.live import Live, live_of_test, pod_metric, spec, wait_ready
 
 LONG = {"prompt": "The river", "max_tokens": 240, "ignore_eos": True, "temperature": 0}
 
 
+@pytest.fixture(scope="module")
+def replica(module_live: Live) -> Live:
+    """One replica of `chat`, made by the session's operator, for the whole module: each test
+    asks it through a gateway of its own, and leaves it idle and serving (reads its counters'
+    change, never their values), so its start (seconds of loading) is paid once."""
+    body = {"metadata": {"name": "chat"}, "spec": spec(1, autoscaling=False)}
+    module_live.cluster.create(MD, body)
+    return module_live
+
+
 @pytest.fixture
-def live_watched() -> bool:
-    """The operator is only what makes the replicas here: the session's serves."""
-    return True
+def live(replica: Live) -> Iterator[Live]:
+    """The module's replica, idle before each test (a stream a failed test left must not count
+    in the next); the test's gateways stop after it."""
+    for address in replica.node.addresses() if replica.node is not None else ():
+        gauges = wait_idle(f"http://{address}:{PORT}")
+        assert is_idle(gauges, missing_ok=True), gauges
+    yield from live_of_test(replica)
 
 
 def _one_replica(live, *args: str, env: dict | None = None):
-    live.cluster.create(MD, {"metadata": {"name": "chat"}, "spec": spec(1, autoscaling=False)})
-    live.operator()
     gateway = live.gateway(*args, env=env)
-
-    def ready() -> bool:
-        cards = httpx.get(f"{gateway.url}/v1/models", headers=_auth(env), timeout=5).json()
-        return any(c["id"] == "chat" and c["ready"] for c in cards["data"])
-
-    wait_for("a ready replica", ready, timeout=120, interval=0.3)
+    wait_ready(gateway, "chat", headers=_auth(env))
     return gateway
 
 
@@ -122,6 +132,7 @@ def test_a_client_that_leaves_aborts_the_upstream_request(live):
     gateway = _one_replica(live)
     (address,) = live.node.addresses()
     before = pod_metric(address, names.REQUESTS)
+    aborts = pod_metric(address, names.REQUESTS, outcome="abort")
     with httpx.stream(
         "POST", f"{gateway.url}/v1/completions", json={**LONG, "model": "chat", "stream": True}
     ) as answer:
@@ -130,8 +141,10 @@ def test_a_client_that_leaves_aborts_the_upstream_request(live):
     start = time.monotonic()
 
     def aborted() -> bool:
-        text = httpx.get(f"http://{address}:8000/metrics").text
-        return 'outcome="abort"' in text and pod_metric(address, names.REQUESTS_RUNNING) == 0
+        return (
+            pod_metric(address, names.REQUESTS, outcome="abort") == aborts + 1
+            and pod_metric(address, names.REQUESTS_RUNNING) == 0
+        )
 
     wait_for("the replica to abort the request", aborted, timeout=10, interval=0.05)
     print(json.dumps({"abort_seen_after_s": round(time.monotonic() - start, 3)}))
