@@ -22,7 +22,7 @@ from kvpilot_server.engine.distributed.sharding import (
 )
 from kvpilot_server.engine.layers import flash_attention, half_matrices, kv_cache
 from kvpilot_server.engine.layers.lm_head_quant import quantize_lm_head
-from kvpilot_server.engine.layers.quant import quantize
+from kvpilot_server.engine.layers.quant import check, quantize
 from kvpilot_server.engine.lora import layers as lora_layers
 from kvpilot_server.engine.models.llama import LlamaForCausalLM
 from kvpilot_server.engine.models.loader import load_model
@@ -37,6 +37,8 @@ def build_model(
     half = half_matrices.applies(dtype_name(config.dtype, device), device)
     kept = config.quantization == precision.DEFAULT_QUANTIZATION and not half
     kept = kept and config.lm_head_quantization == precision.DEFAULT_LM_HEAD_QUANTIZATION
+    # What this device cannot run is refused before the weights are read, not after.
+    check(config.quantization, config.quantization_group_size, device, dtype)
     model = load_model(path, dtype, device, tp, kept)
     shared = config.quantization == "int8" and tp.size > 1
     if shared:

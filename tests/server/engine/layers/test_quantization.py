@@ -2,6 +2,8 @@
 within a stated tolerance of its float version per format, SmolLM2 still answers and agrees with
 float32, and combinations that cannot run fail at start with a clear message."""
 
+import shutil
+
 import pytest
 import torch
 from torch import nn
@@ -242,3 +244,13 @@ def test_unsupported_combinations_fail_at_start(smollm2):
         EngineConfig(quantization="int4", quantization_group_size=48)
     with pytest.raises(ConfigError, match="quantization 'int3' is not supported"):
         EngineConfig(quantization="int3")
+
+
+def test_fp8_on_the_cpu_is_refused_before_any_weight_is_read(tiny_dir, tmp_path):
+    """The refusal comes first: a checkpoint whose weights are missing still gets it, not a
+    load error (the whole model used to be read only to be refused)."""
+    for file in tiny_dir("llama").iterdir():
+        if file.suffix != ".safetensors":
+            shutil.copy(file, tmp_path / file.name)
+    with pytest.raises(ConfigError, match="fp8 weights need a CUDA GPU"):
+        LLM(str(tmp_path), device="cpu", quantization="fp8", kv_cache_bytes=16 << 20)
