@@ -17,7 +17,10 @@ built for the real node, so the gateway, autoscaler and wake tests start `kvpilo
 loopback in their place; and a node that turns full or free on demand (`schedulable`), which
 a real scheduler only shows after pods fill it."""
 
+import contextlib
 import itertools
+import os
+import random
 import socket
 import subprocess
 import sys
@@ -44,8 +47,12 @@ Ready = Callable[[Any, str], bool]
 NO_SERVER = "127.0.0.254"
 # One sequence for every Node of the process: two Nodes (two namespaces' tests, or one test's
 # two) must never hand out one address, or a readiness check could be answered by a server of
-# the other namespace. A stopped server's address is not reused within the process either.
-_ADDRESSES = itertools.count(20)
+# the other namespace. A stopped server's address is not reused within the process either. It
+# starts where this process draws: test runs side by side on one machine that all counted from
+# 20 chose the same addresses at once, before any server had bound one (the bind check below
+# cannot see that), and a pod was served by another run's server.
+_SPAN = 250 * 250  # 127.0.x.y
+_ADDRESSES = itertools.count(random.randrange(_SPAN))
 _ADDRESSES_LOCK = threading.Lock()
 
 
@@ -191,13 +198,10 @@ class Node:
 
     def _free_address(self) -> str:
         """The next 127.0.x.y of this process whose pod port nobody listens on: another test run
-        on this machine (its own process counts from the same start) must not answer for this
-        pod either."""
-        while True:
+        on this machine must not answer for this pod either."""
+        for _ in range(_SPAN):
             with _ADDRESSES_LOCK:
-                n = next(_ADDRESSES)
-            if n >= 250 * 250:
-                break
+                n = next(_ADDRESSES) % _SPAN
             address = f"127.0.{n // 250}.{n % 250}"
             if n % 250 < 20 or address == NO_SERVER:
                 continue  # 127.0.0.1 and the low addresses belong to the tests' other servers
@@ -295,8 +299,22 @@ def serve_tiny(
             log = process.log.read()[-2000:]  # type: ignore[attr-defined]
             raise RuntimeError(f"kvpilot serve exited: {log}")
         try:
-            return httpx.get(f"http://{address}:{PORT}/health", timeout=1.0).status_code == 200
+            answered = httpx.get(f"http://{address}:{PORT}/health", timeout=1.0)
         except httpx.HTTPError:
             return False
+        # By this server: one of another test run that took the address first answers too,
+        # and this one then exits (address in use), which the next probe reports.
+        return answered.status_code == 200 and _listening(process.pid, address)
 
     return serve, stop_server, ready
+
+
+def _listening(pid: int, address: str) -> bool:
+    """Whether process `pid` holds the socket listening on `address` and the pod port."""
+    local = f"{int.from_bytes(socket.inet_aton(address), sys.byteorder):08X}:{PORT:04X}"
+    with open("/proc/net/tcp") as table:  # local address, remote, state (0A: listen), inode
+        rows = [line.split() for line in table.readlines()[1:]]
+    listeners = {f"socket:[{row[9]}]" for row in rows if row[1] == local and row[3] == "0A"}
+    with contextlib.suppress(OSError):  # an fd closed meanwhile, or the process gone: next pass
+        return any(os.readlink(fd) in listeners for fd in Path(f"/proc/{pid}/fd").iterdir())
+    return False
