@@ -19,8 +19,8 @@ from kvpilot_common import metric_names as names
 from kvpilot_common import trust
 from kvpilot_testing.kube.cluster import wait_for
 from kvpilot_testing.kube.gateway import Gateway
-from kvpilot_testing.live_server import start_tiny_server, stop_server
-from tests.gateway.live import metric_at
+from kvpilot_testing.live_server import start_tiny_server, stop_servers
+from tests.gateway.live import metric_at, stop_side_by_side
 
 SECRET = "shared-by-gateway-and-servers"
 RESUMES, RETRIES = names.GATEWAY_RESUMES, names.GATEWAY_RETRIES
@@ -80,11 +80,12 @@ class Servers:
         proc.log.close()
 
     def stop(self) -> None:
+        """Side by side: each drains for a moment, and one after another the wait was twice."""
+        alive = [proc for proc, _ in self.running if proc.poll() is None]
         for proc, _ in self.running:
-            if proc.poll() is None:
-                stop_server(proc)
-            else:
+            if proc not in alive:
                 proc.log.close()
+        stop_servers(alive)
 
 
 @pytest.fixture(scope="module")
@@ -101,10 +102,7 @@ def running(tiny_dir, tmp_path_factory) -> Iterator[tuple[Servers, Gateway]]:
         yield servers, gateway.start()
     finally:
         del os.environ[trust.ENV]
-        if gateway is not None:
-            gateway.stop()
-        if servers is not None:
-            servers.stop()
+        stop_side_by_side([part.stop for part in (gateway, servers) if part is not None])
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ import pytest
 from kvpilot_common import metric_names as names
 from kvpilot_gateway.balance import Balancer, prefix_key
 from kvpilot_testing.corpus import CORPUS
-from kvpilot_testing.kube.cluster import MD, wait_for
+from kvpilot_testing.kube.cluster import MD
 from kvpilot_testing.kube.node import PORT
-from tests.gateway.live import pod_metric, spec
+from tests.gateway.live import pod_metric, spec, wait_ready
 
 WORDS = CORPUS.split()
 
@@ -31,20 +31,12 @@ def live_watched() -> bool:
     return True
 
 
-def _both_ready(gateway, model: str = "chat") -> None:
-    def ready() -> bool:
-        cards = httpx.get(f"{gateway.url}/v1/models", timeout=5).json()["data"]
-        return any(c["id"] == model and c["ready_replicas"] == 2 for c in cards)
-
-    wait_for("the gateway to see two ready replicas", ready, timeout=120, interval=0.3)
-
-
 def _two_replicas(live, *gateway_args: str):
     live.cluster.create(MD, {"metadata": {"name": "chat"}, "spec": spec(2, autoscaling=False)})
     live.operator()
     gateways = [live.gateway(*args) for args in gateway_args]
     for gateway in gateways:
-        _both_ready(gateway)
+        wait_ready(gateway, "chat", replicas=2)
     return gateways
 
 
