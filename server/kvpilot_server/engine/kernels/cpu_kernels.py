@@ -12,6 +12,7 @@ module loads, and tests compare the two. Set KVPILOT_CPU_KERNELS=0 to turn them 
 """
 
 import functools
+import hashlib
 import importlib.util
 import logging
 import os
@@ -98,13 +99,43 @@ def _load() -> ModuleType | None:
                 log.warning("CPU kernels prebuilt for %s do not load (%s)", level.name, exc)
         else:
             log.warning("CPU kernels: none of %s fits this CPU", sorted(present) or "(none)")
-    log.info("CPU kernels: compiling for this CPU (-march=native), once; this takes a while")
+    native = ("-march=native",)
     try:
-        module = build(NAME, ("-march=native",))
+        from torch.utils.cpp_extension import _get_build_directory
+
+        where = Path(_get_build_directory(NAME, verbose=False)) / source_key(native)
+        module = build_once(NAME, native, where)
     except Exception as exc:  # no compiler, no ninja, unsupported platform: use PyTorch's ops
         log.warning("CPU kernels unavailable (%s); using the PyTorch path", exc)
         return None
-    log.info("CPU kernels: built for this CPU (-march=native)")
+    log.info("CPU kernels: for this CPU (-march=native), from %s", where)
+    return module
+
+
+def source_key(flags: tuple[str, ...]) -> str:
+    """What a build depends on, hashed: every file of csrc/, the flags, torch, the interpreter
+    and the CPU (-march=native means this one). Not the checkout's path: a second checkout of
+    the same sources (a clean clone in CI, a worktree) reuses the build instead of compiling
+    the same objects again, as ninja would, its commands naming other paths."""
+    import torch
+
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    given = [*FLAGS, *flags, torch.__version__, sys.implementation.cache_tag]
+    digest.update("\0".join([*given, *sorted(cpu_flags())]).encode())
+    return digest.hexdigest()[:16]
+
+
+def build_once(name: str, flags: tuple[str, ...], where: Path) -> ModuleType:
+    """The module built into `where`, a folder named by source_key(flags): imported as an
+    earlier build left it, else built there (under build's lock) and marked done."""
+    done = where / f"{name}.built"  # written last: the module it names is complete
+    if done.is_file():
+        return _import(where / done.read_text())
+    log.info("CPU kernels: compiling %s, once; this takes a while", " ".join(flags))
+    module = build(name, flags, str(where))
+    done.write_text(Path(module.__file__ or "").name)
     return module
 
 

@@ -24,7 +24,7 @@ def test_the_prebuilt_avx2_kernels_load_and_give_the_same_answers(monkeypatch, c
     # AVX2-only CPU would load it (that CPU's flags stand in for one this machine may not be).
     native = cpu_kernels.load()  # this CPU's, cached before the environment below is set
     avx2 = next(level for level in cpu_kernels.LEVELS if level.name == "avx2")
-    root = build_prebuilt(avx2)  # compiled once, then brought up to date (kernel_builds)
+    root = build_prebuilt(avx2)  # compiled once per source_key (kernel_builds)
     monkeypatch.setenv(cpu_kernels.PREBUILT_ENV, str(root))
     monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: avx2.needs)
     with caplog.at_level(logging.INFO, logger=cpu_kernels.__name__):
