@@ -27,6 +27,7 @@ from kvpilot_testing.raw_http import CLOSED
 
 API_KEY = "adversarial-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+TRANSPORT_S = 0.25  # a request's HTTP round trip on loopback, beyond the server's clock
 
 
 @pytest.fixture(scope="module")
@@ -109,18 +110,20 @@ def test_truncating_a_huge_conversation_does_not_block_the_event_loop(guarded):
 
 
 def test_request_timeout_is_a_ceiling(server):
-    """The work takes far longer than --request-timeout here; on a machine fast enough to finish
-    it in time a 200 within the ceiling is as good as a 408."""
+    """The work takes far longer than the timeouts here; on a machine fast enough to finish it
+    in time a 200 is as good as a 408, when it came within the ceiling (as the client sees it:
+    plus the HTTP round trip, TRANSPORT_S)."""
     with Attack(server) as attack:
         seen = attacks.timeout_ceiling(server.base)
     for case, ceiling, refusal in [
         ("1e308", REQUEST_TIMEOUT, 408),
         ("Infinity", REQUEST_TIMEOUT, (400, 408)),  # not JSON: rejecting it is fine too
-        ("0.5", 0.5, 408),
+        ("0.1", 0.1, 408),
     ]:
         status, seconds = seen[case]
         ended = status in (refusal if isinstance(refusal, tuple) else (refusal,))
-        assert (ended or (status == 200 and seconds <= ceiling)) and seconds < ceiling + 2, seen
+        in_time = status == 200 and seconds <= ceiling + TRANSPORT_S
+        assert (ended or in_time) and seconds < ceiling + 2, seen
     assert_unharmed(attack)
 
 
