@@ -19,15 +19,11 @@ import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kvpilot_common import precision
 from kvpilot_common.naming import BUNDLED_MODEL
 from kvpilot_common.prose import default_text
 from kvpilot_server.eval_job import Job
-
-if TYPE_CHECKING:
-    import torch
 
 LM_HEAD = "+lm_head-"  # a config's lm_head suffix, e.g. int4-g32+lm_head-int8
 
@@ -134,7 +130,7 @@ def run_eval(args: argparse.Namespace) -> int:
             continuations=continuations,
             **base,
         )
-        results[job.name] = _refused(job, device) or _in_fresh_process(job)
+        results[job.name] = _in_fresh_process(job)
     for figures in results.values():
         if "perplexity" in figures:
             figures["perplexity_vs_baseline"] = round(
@@ -148,24 +144,6 @@ def run_eval(args: argparse.Namespace) -> int:
     }
     print(json.dumps(report, indent=2) if args.json else _table(results))
     return 1 if any("error" in r for r in results.values()) else 0
-
-
-def _refused(job: Job, device: "torch.device") -> dict | None:
-    """fp8 weights where they cannot run, refused here as the engine refuses them: the engine
-    checks after loading the weights (it quantizes what it loaded), so a process of its own
-    would load the model only to say so (3 s of SmolLM2's evaluation on a CPU)."""
-    from kvpilot_common.errors import ConfigError
-    from kvpilot_server.engine.layers import quant
-    from kvpilot_server.engine.models.model_setup import resolve_dtype
-
-    spec = precision.QUANTIZATIONS.get(job.quantization)
-    if spec is None or not spec.fp8:
-        return None
-    try:
-        quant.check(job.quantization, job.group_size, device, resolve_dtype(job.dtype, device))
-    except ConfigError as exc:
-        return {"error": str(exc)}
-    return None
 
 
 def _in_fresh_process(job: Job) -> dict:
