@@ -6,7 +6,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -73,6 +74,13 @@ def stop_servers(procs: Iterable[subprocess.Popen], grace: float = 30.0) -> None
     for proc in procs:
         proc.terminate()
     reap(procs, grace)
+
+
+def stop_side_by_side(stops: list[Callable[[], None]]) -> None:
+    """Stops of several parts (a gateway, a node's servers, an operator) at once: each takes a
+    moment to exit, and one after another a teardown waited out each in turn."""
+    with ThreadPoolExecutor(max(1, len(stops))) as pool:
+        list(pool.map(lambda stop: stop(), stops))  # list(): a stop that raised raises here
 
 
 def reap(procs: Iterable[subprocess.Popen], grace: float = 30.0) -> None:

@@ -9,7 +9,8 @@ import pytest
 from kvpilot_testing.kube.cluster import Cluster
 from kvpilot_testing.kube.node import Node, serve_tiny
 from kvpilot_testing.kube.operator import namespace
-from tests.gateway.live import Live, show_logs, stop_side_by_side
+from kvpilot_testing.live_server import stop_side_by_side
+from tests.gateway.live import Live, show_logs
 
 
 @pytest.fixture

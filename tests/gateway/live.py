@@ -2,7 +2,6 @@
 running parts."""
 
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -12,6 +11,7 @@ from kvpilot_common.naming import INSTANCE_LABEL, MANAGED_BY
 from kvpilot_testing.kube.cluster import MD, PODS, Cluster, wait_for
 from kvpilot_testing.kube.gateway import Gateway
 from kvpilot_testing.kube.node import PORT, Node
+from kvpilot_testing.live_server import stop_side_by_side
 
 
 def spec(replicas: int, autoscaling: bool = True, **scaling: object) -> dict:
@@ -133,13 +133,6 @@ def live_of_test(env: Live) -> Iterator[Live]:
     finally:
         stop_side_by_side([gateway.stop for gateway in env.gateways[first:]])
         show_logs(env.gateways[first:])
-
-
-def stop_side_by_side(stops: list[Callable[[], None]]) -> None:
-    """Processes stopped side by side: each takes a moment to exit, and one after another a
-    teardown waited out each in turn."""
-    with ThreadPoolExecutor(max(1, len(stops))) as pool:
-        list(pool.map(lambda stop: stop(), stops))  # list(): a stop that raised raises here
 
 
 def show_logs(gateways: list[Gateway]) -> None:

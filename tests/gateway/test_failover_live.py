@@ -19,8 +19,8 @@ from kvpilot_common import metric_names as names
 from kvpilot_common import trust
 from kvpilot_testing.kube.cluster import wait_for
 from kvpilot_testing.kube.gateway import Gateway
-from kvpilot_testing.live_server import start_tiny_server, stop_servers
-from tests.gateway.live import metric_at, stop_side_by_side
+from kvpilot_testing.live_server import start_tiny_server, stop_servers, stop_side_by_side
+from tests.gateway.live import metric_at
 
 SECRET = "shared-by-gateway-and-servers"
 RESUMES, RETRIES = names.GATEWAY_RESUMES, names.GATEWAY_RETRIES

@@ -18,6 +18,7 @@ loopback in their place; and a node that turns full or free on demand (`schedula
 a real scheduler only shows after pods fill it."""
 
 import contextlib
+import functools
 import itertools
 import os
 import random
@@ -27,7 +28,6 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from kvpilot_testing.kube.cluster import PODS, Cluster
+from kvpilot_testing.live_server import stop_side_by_side
 
 NODE = "kvpilot-test-node"
 PORT = 8000  # the model server's port in the pod template (render.py)
@@ -253,8 +254,7 @@ class Node:
         with self._lock:
             self._stopped = True
             names = list(self.servers)
-        with ThreadPoolExecutor(max(1, len(names))) as pool:
-            list(pool.map(self._kill, names))  # list(): a stop that raised raises here
+        stop_side_by_side([functools.partial(self._kill, name) for name in names])
         if self._thread is not None:
             self._thread.join(30)  # a pass ends with its API call's timeout; it starts nothing
 
