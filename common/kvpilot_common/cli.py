@@ -5,10 +5,13 @@ instead of an ImportError's traceback."""
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 from kvpilot_common.extras import missing_extra
 
@@ -133,5 +136,23 @@ def main(argv: list[str] | None = None) -> int:
     return resolve(command.run)(args)
 
 
-if __name__ == "__main__":
+def program() -> NoReturn:
+    """The `kvpilot` executable: main(), with SIGTERM ending the process from its first line
+    until a command puts its own handler in (uvicorn's drain, kopf's stop). In a container the
+    command is PID 1, for which the kernel has no default action: without a handler a pod
+    deleted or scaled down while it loads its model ignores SIGTERM and runs on until the end of
+    its grace period, then is killed."""
+    signal.signal(signal.SIGTERM, _exit_at_once)
     sys.exit(main())
+
+
+def _exit_at_once(signum: int, frame: FrameType | None) -> None:
+    # Nothing is served yet, so there is nothing to drain; 128 + the signal is the code a shell
+    # reports for a process the signal's default action ended.
+    print(f"kvpilot: {signal.Signals(signum).name} before serving: exiting", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__":
+    program()
