@@ -25,6 +25,7 @@ from kvpilot_testing.live_server import free_port, start_tiny_server, stop_serve
 
 HEALTH_BUDGET_S = 1.0  # /health must answer within this, during any attack
 CHAT_FACTOR, CHAT_SLACK_S = 5.0, 0.5  # a normal chat afterwards: within 5x baseline + 0.5 s
+AFTER_CHATS = 3  # normal chats after an attack; the fastest is held to the bar above
 RSS_BUDGET_MIB = 200.0  # resident memory growth allowed per attack
 IDLE_WAIT_S = 5.0  # an abort lands at the next engine step: poll the gauges this long
 NORMAL_CHAT = {
@@ -168,7 +169,11 @@ class Attack:
         self.poller.__exit__()
         t = self.target
         gauges = wait_idle(t.base)
-        status, latency = t.chat()
+        # The fastest of three: work the attack left behind slows every one of them, while the
+        # machine's own load (another test's process on a 2-core runner) seldom slows all three.
+        chats = [t.chat() for _ in range(AFTER_CHATS)]
+        status = next((s for s, _ in chats if s != 200), 200)
+        latency = min(seconds for _, seconds in chats)
         self.figures = {
             "attack_s": round(attack_s, 3),
             "health_worst_s": round(self.poller.worst_s, 3),
