@@ -64,5 +64,7 @@ class Recorder:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: its reports reach the controller's
+        return
     path = Path(os.environ.get(ENV) or config.rootpath / DEFAULT)
     config.pluginmanager.register(Recorder(path), "kvpilot-durations")
