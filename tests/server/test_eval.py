@@ -101,7 +101,15 @@ def test_eval_measures_each_precision_against_float32():
     # Same number of cached tokens, fewer bytes; fewer weight bytes per format.
     assert results[kv_int8]["kv_cache_mib"] < 0.3 * base["kv_cache_mib"]
     assert results["int4-g64"]["weight_mib"] < results["int4-g32"]["weight_mib"]
-    assert results["int4-g32"]["weight_mib"] < results[int8]["weight_mib"] < base["weight_mib"]
+    # int8 runs float32 and int4 at auto: each is held to the unquantized model of its own dtype,
+    # and to each other only where those agree (where auto is bfloat16, the parts left
+    # unquantized weigh differently, and int4 there measured more than int8 at float32).
+    unquantized_int4 = results["none"] if amx else base
+    assert results["int4-g32"]["dtype"] == unquantized_int4["dtype"]
+    assert results["int4-g32"]["weight_mib"] < 0.7 * unquantized_int4["weight_mib"]
+    assert results[int8]["weight_mib"] < 0.5 * base["weight_mib"]
+    if results["int4-g32"]["dtype"] == results[int8]["dtype"]:
+        assert results["int4-g32"]["weight_mib"] < results[int8]["weight_mib"]
     for name in ("none@float32", int8, "int4-g32", "int4-g64", kv_int8):
         figures = results[name]
         assert figures["batch1_decode_tokens_per_s"] > 0
