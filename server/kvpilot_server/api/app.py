@@ -49,7 +49,6 @@ from kvpilot_server.api.protocol import (
     TokenizeRequest,
 )
 from kvpilot_server.api.request_scope import RequestScope
-from kvpilot_server.api.tools.grammar import tools_grammar
 from kvpilot_server.engine.runtime.async_engine import AsyncEngine
 
 TRUNCATED_HEADER = "X-KVPilot-Dropped-Messages"
@@ -144,9 +143,8 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         shape = chat_shape(template, plan, inputs.tokenizer.decode(prompt[-8:]))
         reasoning = template.reasoning
         parsed.constrain(
-            tools_grammar(shape.tools, plan.offered, plan.forced, plan.parallel)
-            if plan is not None and shape.tools is not None
-            else None,
+            shape.tools,
+            plan,
             (reasoning.start, reasoning.end) if reasoning is not None else None,
             shape.opened,
         )

@@ -1,13 +1,23 @@
 """Request bodies of the OpenAI-compatible API, validated by pydantic, and their engine mapping."""
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from kvpilot_common.errors import InvalidRequestError
-from kvpilot_server.api.chat import ChatMessage, ToolFields
+from kvpilot_server.api.chat import ChatMessage, ToolFields, ToolPlan
 from kvpilot_server.api.structured import StructuredFields
+from kvpilot_server.api.tools.formats import ToolFormat
+from kvpilot_server.api.tools.grammar import tools_grammar
 from kvpilot_server.engine.runtime.sequence import Priority
 from kvpilot_server.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -54,9 +64,29 @@ _STOP_SCHEMA = {
 class Body(BaseModel):
     """Strict types, as OpenAI's API: "5" is not a number and 0 is not false. Unknown fields are
     kept aside for fields.check_extras: refused if they would change the answer, else ignored
-    and named in the response, so clients written for newer OpenAI features still work."""
+    and named in the response, so clients written for newer OpenAI features still work. A
+    field sent as null that has no null value of its own is absent, as OpenAI reads it: clients
+    send nulls for what they leave unset (openai-agents' parallel_tool_calls)."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_absent(cls, data: Any) -> Any:
+        # Where null is one of the field's own values it stays: a completion's max_tokens null
+        # is "up to the context", as in vLLM (and as the gateway reserves for it).
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            return {
+                key: value
+                for key, value in data.items()
+                if value is not None or (key in fields and _takes_null(fields[key].annotation))
+            }
+        return data
+
+
+def _takes_null(annotation: Any) -> bool:
+    return annotation is type(None) or any(_takes_null(arg) for arg in get_args(annotation))
 
 
 class StreamOptions(Body):
@@ -159,25 +189,29 @@ class ChatCompletionRequest(SamplingFields, ToolFields):
         return [m.template_message(f"messages.{i}") for i, m in enumerate(self.messages)]
 
     def constrain(
-        self, tools_grammar: str | None, reasoning: tuple[str, str] | None, opened: bool
+        self,
+        tools: ToolFormat | None,
+        plan: ToolPlan | None,
+        reasoning: tuple[str, str] | None,
+        opened: bool,
     ) -> None:
-        """What the model's template adds to the constraint: a tool-call grammar, and thinking
-        before the answer that the constraint must leave free."""
-        self._tools_grammar, self._reasoning, self._reasoning_opened = (
-            tools_grammar,
-            reasoning,
-            opened,
-        )
+        """What the model's template adds to the constraint: the grammar of calls in its tool
+        format (a JSON response format folded in: the answer that calls nothing follows it), and
+        thinking before the answer that the constraint must leave free."""
+        grammar = None
+        if tools is not None and plan is not None:
+            answer = self.json_answer()  # first: a constraint no call can sit beside is a 400
+            answer = None if plan.forced else answer  # a forced call is the whole output
+            grammar = tools_grammar(tools, plan.offered, plan.forced, plan.parallel, answer)
+        self._tools_grammar, self._reasoning, self._reasoning_opened = grammar, reasoning, opened
 
     def structured_spec(self) -> StructuredOutputsParams | None:
-        spec = super().structured_spec()
-        if self._tools_grammar is not None:
-            if spec is not None:
-                raise InvalidRequestError(
-                    f"tool calls cannot be combined with {spec.source} in one request",
-                    spec.source,
-                )
-            spec = StructuredOutputsParams(lark=self._tools_grammar, source="tools")
+        if self._tools_grammar is not None:  # the response format, if any, is in it
+            spec: StructuredOutputsParams | None = StructuredOutputsParams(
+                lark=self._tools_grammar, source="tools"
+            )
+        else:
+            spec = super().structured_spec()
         if spec is not None and self._reasoning is not None:
             spec.reasoning, spec.reasoning_opened = self._reasoning, self._reasoning_opened
         return spec

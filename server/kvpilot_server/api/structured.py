@@ -2,14 +2,18 @@
 
 OpenAI's `response_format` (text, json_object, json_schema), vLLM's `structured_outputs`
 object and its older top-level `guided_*` fields all become one StructuredOutputsParams. More
-than one constraint in a request is a 400: which should win is not ours to guess.
+than one constraint in a request is a 400: which should win is not ours to guess. A JSON schema
+is closed to keys it does not name under `strict` and vLLM's `disable_additional_properties`
+(json_schemas.closed); vLLM's `whitespace_pattern` replaces the engine's fixed JSON spacing.
 """
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvpilot_common.errors import InvalidRequestError
+from kvpilot_server.api.json_schemas import Schema, closed, styled
 from kvpilot_server.sampling_params import StructuredOutputsParams
 
 # Spellings of vLLM's backend choice: kvpilot has one backend (llguidance) and enforces the
@@ -46,6 +50,11 @@ class StructuredOutputsField(_Strict):
     json_object: bool | None = None
     # kvpilot generates JSON without free whitespace already (engine/structured/grammar.py).
     disable_any_whitespace: bool | None = None
+    # The whitespace JSON may hold between its tokens, as a regex (outlines' vLLM backend).
+    whitespace_pattern: Annotated[str, Field(max_length=256)] | None = None
+    disable_additional_properties: bool | None = None
+    # kvpilot has one backend and never falls back to another: honoured as it stands.
+    disable_fallback: bool | None = None
 
 
 class StructuredFields(BaseModel):
@@ -72,17 +81,11 @@ class StructuredFields(BaseModel):
                     "response_format.json_schema",
                 )
             schema = rf.json_schema.schema_ or {"type": "object"}
+            schema = closed(schema) if rf.json_schema.strict else schema
             found.append(("response_format", StructuredOutputsParams(json=schema)))
         so = self.structured_outputs
         if so is not None:
-            fields = {
-                "json": so.json_,
-                "regex": so.regex,
-                "choice": so.choice,
-                "grammar": so.grammar,
-                "json_object": bool(so.json_object),
-            }
-            found.append(("structured_outputs", _spec("structured_outputs", fields)))
+            found.append(("structured_outputs", _spec("structured_outputs", _vllm_fields(so))))
         guided = {
             "json": self.guided_json,
             "regex": self.guided_regex,
@@ -103,6 +106,68 @@ class StructuredFields(BaseModel):
         source, spec = found[0]
         spec.source = source
         return spec
+
+    def json_answer(self) -> Schema | None:
+        """The constraint as the JSON schema an answer beside tool calls follows (None: no
+        constraint); a 400 for one that is not JSON, which a call could not sit beside."""
+        spec = StructuredFields.structured_spec(self)
+        if spec is None:
+            return None
+        if spec.kind == "json_object":
+            return {"type": "object"}
+        if spec.kind == "json":
+            return _schema_object(spec.json, spec.source)
+        raise InvalidRequestError(
+            f"tool calls can be combined with a JSON response format only, not a {spec.kind} "
+            f"constraint ({spec.source})",
+            spec.source,
+        )
+
+
+def _vllm_fields(so: StructuredOutputsField) -> dict[str, Any]:
+    """vLLM's object as the spec's fields, its JSON switches applied to the schema."""
+    fields: dict[str, Any] = {
+        "json": so.json_,
+        "regex": so.regex,
+        "choice": so.choice,
+        "grammar": so.grammar,
+        "json_object": bool(so.json_object),
+    }
+    switches = so.whitespace_pattern is not None or so.disable_additional_properties
+    if not switches:
+        return fields
+    if so.json_ is None and not so.json_object:
+        raise InvalidRequestError(
+            "whitespace_pattern and disable_additional_properties shape JSON: they need json "
+            "or json_object",
+            "structured_outputs",
+        )
+    schema = _schema_object(so.json_, "structured_outputs") if so.json_ is not None else None
+    schema = schema if schema is not None else {"type": "object"}
+    if so.disable_additional_properties:
+        schema = closed(schema)
+    if so.whitespace_pattern is not None:
+        if so.disable_any_whitespace:
+            raise InvalidRequestError(
+                "whitespace_pattern and disable_any_whitespace contradict each other",
+                "structured_outputs.whitespace_pattern",
+            )
+        style = {"whitespace_flexible": True, "whitespace_pattern": so.whitespace_pattern}
+        schema = styled(schema, {**style, "item_separator": ",", "key_separator": ":"})
+    return {**fields, "json": schema, "json_object": False}
+
+
+def _schema_object(schema: dict[str, Any] | str, param: str) -> Schema:
+    """A JSON schema sent as an object or as JSON text, as an object."""
+    if isinstance(schema, dict):
+        return schema
+    try:
+        value = json.loads(schema)
+    except ValueError:
+        raise InvalidRequestError("The JSON schema is not valid JSON", param) from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError("The JSON schema must be a JSON object", param)
+    return value
 
 
 def _spec(param: str, fields: dict[str, Any]) -> StructuredOutputsParams:
