@@ -18,9 +18,9 @@ from kvpilot_common.http.auth import caller
 from kvpilot_common.http.errors import from_exception
 from kvpilot_common.metric_names import OUTCOME_ERROR, OUTCOME_REJECTED
 from kvpilot_server.api.admission import Admission
-from kvpilot_server.api.completions import CLIENT_CLOSED, Accounting, unless_client_leaves
 from kvpilot_server.api.fanout import merge
 from kvpilot_server.api.fields import Rule, check_extras, ignored_header
+from kvpilot_server.api.generation import CLIENT_CLOSED, Accounting, unless_client_leaves
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import Body
 from kvpilot_server.api.request_scope import exit_stack

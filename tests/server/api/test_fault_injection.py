@@ -5,10 +5,10 @@ is served normally. Faults are injected into the real app and engine with monkey
 import httpx
 import pytest
 
-from kvpilot_server.api import app as app_module
 from kvpilot_server.api import responses
+from kvpilot_server.api import serving as serving_module
 from kvpilot_server.api.admission import Admission
-from kvpilot_server.api.completions import Completions
+from kvpilot_server.api.generation import Generation
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import ChatCompletionRequest
 from kvpilot_server.engine.runtime.inputs import InputProcessor
@@ -37,7 +37,7 @@ async def _araise(*args, **kwargs):
 
 
 def _always(real):
-    return _araise if real is app_module.read_body else _raise
+    return _araise if real is serving_module.read_body else _raise
 
 
 def _on_call(number: int):
@@ -59,10 +59,10 @@ def _on_call(number: int):
 
 # (step, object, attribute, make(real) -> replacement): a request's life, in order.
 STEPS = [
-    ("read body", app_module, "read_body", _always),
+    ("read body", serving_module, "read_body", _always),
     ("parse", ChatCompletionRequest, "model_validate_json", _always),
     ("chat template", InputProcessor, "chat", _always),
-    ("cost limits", Completions, "_choice_params", _always),
+    ("cost limits", Generation, "_choice_params", _always),
     ("admission", Admission, "waiting_if_admitted", _always),
     ("engine submit", LLMEngine, "add_request", _always),
     ("engine step", LLMEngine, "step", _on_call(3)),
