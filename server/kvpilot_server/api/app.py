@@ -28,6 +28,8 @@ from kvpilot_server.api.assistant import chat_template
 from kvpilot_server.api.completions import Completions
 from kvpilot_server.api.embeddings import Embeddings
 from kvpilot_server.api.generation import CLIENT_CLOSED, Generation
+from kvpilot_server.api.messages_api import errors as anthropic
+from kvpilot_server.api.messages_api.serving import ServingMessages
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.openapi import openapi_document
 from kvpilot_server.api.prompts import ContextOverflow
@@ -90,6 +92,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         chat=chat,
         completion=ServingCompletion(intake, completions),
         embeddings=Embeddings(engine, admission, metrics, name),
+        messages=ServingMessages(intake, chat, generation, name),
         document=openapi_document(name),
     )
 
@@ -101,19 +104,25 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         async with sync.running():
             yield
 
-    async def known(_: Request, exc: Exception) -> Response:
-        return from_exception(exc)
+    def shaped(request: Request, response: JSONResponse) -> JSONResponse:
+        """An error in the shape of the API the request called (OpenAI's, or Anthropic's)."""
+        if request.url.path.startswith(anthropic.PATH):
+            return anthropic.reshaped(response)
+        return response
 
-    async def invalid_body(_: Request, exc: Exception) -> Response:
+    async def known(request: Request, exc: Exception) -> Response:
+        return shaped(request, from_exception(exc))
+
+    async def invalid_body(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ValidationError)
-        return from_validation(exc)
+        return shaped(request, from_validation(exc))
 
     async def client_left(_: Request, exc: Exception) -> Response:
         return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the access log does
 
-    async def unexpected(_: Request, exc: Exception) -> Response:
+    async def unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)
-        return error_response(500, "Internal server error")
+        return shaped(request, error_response(500, "Internal server error"))
 
     app = Starlette(
         lifespan=lifespan,

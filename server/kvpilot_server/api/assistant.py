@@ -13,6 +13,7 @@ from kvpilot_server.api.tools import (
     CallStart,
     Content,
     Event,
+    Message,
     MessageStream,
     Reasoning,
     ReasoningFormat,
@@ -89,8 +90,7 @@ class ChatShape:
         """The whole answer's message for choice `choice`, and whether it calls tools."""
         if self.plain:
             return {"role": "assistant", "content": text}, False
-        stream = self._stream()
-        parsed = fold([*stream.feed(text), *stream.close()])
+        parsed = self.parsed(text)
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         if self.reasoning is not None:
             message["reasoning_content"] = parsed.reasoning
@@ -105,15 +105,31 @@ class ChatShape:
             ]
         return message, bool(parsed.tool_calls)
 
-    def deltas(self, choice: int, text: str, finished: bool) -> list[dict[str, Any]]:
-        """The stream deltas a piece of choice `choice`'s text makes (finished: it is the last)."""
+    def events(self, choice: int, text: str, finished: bool) -> list[Event]:
+        """What a piece of choice `choice`'s text adds (finished: it is the last), neighbouring
+        events of one kind merged: every API's stream is made from these."""
         if self.plain:
-            return [{"content": text}] if text else []
+            return [Content(text)] if text else []
         stream = self._streams.setdefault(choice, self._stream())
         events = stream.feed(text) if text else []
         if finished:
             events += stream.close()
-        return [self._delta(choice, event) for event in _merged(events)]
+        for event in events:
+            if isinstance(event, CallStart):
+                self._called.add(choice)
+        return _merged(events)
+
+    def parsed(self, text: str) -> Message:
+        """A whole output read: content, reasoning and calls (every API's answer is made from
+        this, and it is the fold of `events`: streamed and whole answers agree)."""
+        if self.plain:
+            return Message(text, None)
+        stream = self._stream()
+        return fold([*stream.feed(text), *stream.close()])
+
+    def deltas(self, choice: int, text: str, finished: bool) -> list[dict[str, Any]]:
+        """Chat completion stream deltas of a piece of choice `choice`'s text."""
+        return [self._delta(choice, event) for event in self.events(choice, text, finished)]
 
     def called(self, choice: int) -> bool:
         """Whether the streamed choice has made a tool call so far."""
@@ -133,7 +149,6 @@ class ChatShape:
         if isinstance(event, Reasoning):
             return {"reasoning_content": event.text}
         if isinstance(event, CallStart):
-            self._called.add(choice)
             function = {"name": event.name, "arguments": ""}
             call = {"index": event.index, "id": self.call_id(choice, event.index)}
             return {"tool_calls": [{**call, "type": "function", "function": function}]}

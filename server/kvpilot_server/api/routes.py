@@ -15,6 +15,7 @@ from kvpilot_server.api.adapters import Adapters
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.assistant import ChatTemplate
 from kvpilot_server.api.embeddings import EmbeddingRequest, Embeddings
+from kvpilot_server.api.messages_api.serving import ServingMessages
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import DetokenizeRequest, TokenizeRequest
 from kvpilot_server.api.serving import Intake
@@ -37,6 +38,7 @@ class Services:
     chat: ServingChat
     completion: ServingCompletion
     embeddings: Embeddings
+    messages: ServingMessages
     document: dict[str, Any]  # /openapi.json
 
 
@@ -50,6 +52,14 @@ async def chat(request: Request) -> Response:
 
 async def completions(request: Request) -> Response:
     return await services(request).completion.create(request)
+
+
+async def messages(request: Request) -> Response:
+    return await services(request).messages.create(request)
+
+
+async def count_tokens(request: Request) -> Response:
+    return await services(request).messages.count_tokens(request)
 
 
 async def embeddings(request: Request) -> Response:
@@ -125,6 +135,8 @@ ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/load_lora_adapter", load_adapter, methods=["POST"]),
     Route("/v1/unload_lora_adapter", unload_adapter, methods=["POST"]),
