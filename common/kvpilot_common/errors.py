@@ -107,3 +107,11 @@ class PayloadTooLargeError(KvpilotError):
 
 class ModelNotFoundError(KvpilotError):
     """The request names a model this server does not serve (HTTP 404)."""
+
+
+class NotFoundError(KvpilotError):
+    """The request names something else that is not here, such as a stored response (HTTP 404)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param

@@ -9,6 +9,7 @@ from kvpilot_common.errors import (
     BodyTimeoutError,
     InvalidRequestError,
     ModelNotFoundError,
+    NotFoundError,
     OverloadedError,
     PayloadTooLargeError,
     RequestFailedError,
@@ -55,6 +56,8 @@ def from_exception(exc: Exception) -> JSONResponse:
         return error_response(400, str(exc), exc.param)
     if isinstance(exc, ModelNotFoundError):
         return error_response(404, str(exc), "model")
+    if isinstance(exc, NotFoundError):
+        return error_response(404, str(exc), exc.param)
     if isinstance(exc, PayloadTooLargeError | BodyTimeoutError):
         # The body was not read to its end, so the connection cannot carry another request.
         status = 413 if isinstance(exc, PayloadTooLargeError) else 408

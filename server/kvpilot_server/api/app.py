@@ -34,6 +34,8 @@ from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.openapi import openapi_document
 from kvpilot_server.api.prompts import ContextOverflow
 from kvpilot_server.api.request_scope import RequestScope
+from kvpilot_server.api.responses_api.serving import ServingResponses
+from kvpilot_server.api.responses_api.store import ResponseStore
 from kvpilot_server.api.routes import ROUTES, Services
 from kvpilot_server.api.serving import Intake
 from kvpilot_server.api.serving_chat import ServingChat
@@ -93,6 +95,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
         completion=ServingCompletion(intake, completions),
         embeddings=Embeddings(engine, admission, metrics, name),
         messages=ServingMessages(intake, chat, generation, name),
+        responses=ServingResponses(intake, chat, generation, name, ResponseStore()),
         document=openapi_document(name),
     )
 

@@ -50,6 +50,23 @@ REFUSED_CHAT: dict[str, Rule] = {
     "reasoning_effort": (_off, "reasoning effort is not adjustable on kvpilot's models"),
     "verbosity": (_off, "verbosity is not adjustable on kvpilot's models"),
 }
+REFUSED_RESPONSES: dict[str, Rule] = {
+    "background": (_off, "kvpilot runs no background responses: send the request and wait"),
+    "conversation": (_off, "kvpilot keeps no conversations: send previous_response_id"),
+    "prompt": (_off, "kvpilot has no stored prompt templates: send instructions and input"),
+    "include": (
+        _off,
+        "kvpilot has no extra output to include (no encrypted reasoning, no "
+        "hosted tools' results; logprobs are on chat completions)",
+    ),
+    "top_logprobs": (_off, "logprobs are served on /v1/chat/completions, not here yet"),
+    "max_tool_calls": (
+        _off,
+        "a limit on tool calls is not implemented: a response makes "
+        "the calls its tool_choice and parallel_tool_calls allow",
+    ),
+    "prediction": (_off, "predicted outputs are not implemented"),
+}
 REFUSED_COMPLETIONS: dict[str, Rule] = {
     **_COMMON,
     "suffix": (_off, "insertion (a suffix after the completion) is not implemented"),

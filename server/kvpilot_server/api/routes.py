@@ -18,6 +18,7 @@ from kvpilot_server.api.embeddings import EmbeddingRequest, Embeddings
 from kvpilot_server.api.messages_api.serving import ServingMessages
 from kvpilot_server.api.metrics import ServerMetrics
 from kvpilot_server.api.protocol import DetokenizeRequest, TokenizeRequest
+from kvpilot_server.api.responses_api.serving import ServingResponses
 from kvpilot_server.api.serving import Intake
 from kvpilot_server.api.serving_chat import ServingChat
 from kvpilot_server.api.serving_completion import ServingCompletion
@@ -39,6 +40,7 @@ class Services:
     completion: ServingCompletion
     embeddings: Embeddings
     messages: ServingMessages
+    responses: ServingResponses
     document: dict[str, Any]  # /openapi.json
 
 
@@ -52,6 +54,18 @@ async def chat(request: Request) -> Response:
 
 async def completions(request: Request) -> Response:
     return await services(request).completion.create(request)
+
+
+async def create_response(request: Request) -> Response:
+    return await services(request).responses.create(request)
+
+
+async def retrieve_response(request: Request) -> Response:
+    return await services(request).responses.retrieve(request)
+
+
+async def delete_response(request: Request) -> Response:
+    return await services(request).responses.delete(request)
 
 
 async def messages(request: Request) -> Response:
@@ -135,6 +149,9 @@ ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),

@@ -1,0 +1,197 @@
+"""ServingResponses: POST /v1/responses (whole or streamed), GET and DELETE of a stored one.
+The request becomes a chat request (request.py) served by the shared core; the output's events
+build the response (output.py); a stored response's conversation is what a continuation reads.
+"""
+
+import dataclasses
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from kvpilot_common import metric_names as names
+from kvpilot_common.http.auth import caller
+from kvpilot_common.http.errors import from_exception
+from kvpilot_server.api.fields import REFUSED_RESPONSES, check_extras, ignored_header
+from kvpilot_server.api.generation import Generation, Run
+from kvpilot_server.api.protocol import ChatCompletionRequest
+from kvpilot_server.api.responses_api.output import ResponseBuilder, usage
+from kvpilot_server.api.responses_api.request import ResponsesRequest
+from kvpilot_server.api.responses_api.store import ResponseStore
+from kvpilot_server.api.serving import Intake
+from kvpilot_server.api.serving_chat import ServingChat
+
+Body = dict[str, Any]
+
+
+class ServingResponses:
+    def __init__(
+        self,
+        intake: Intake,
+        chat: ServingChat,
+        generation: Generation,
+        name: str,
+        store: ResponseStore,
+    ) -> None:
+        self.intake, self.chat, self.generation, self.name = intake, chat, generation, name
+        self.store = store
+        self.engine = intake.engine
+
+    async def create(self, request: Request) -> Response:
+        parsed = await self.intake.parse(request, ResponsesRequest)
+        headers = ignored_header(check_extras(parsed, REFUSED_RESPONSES))
+        owner = caller(request).tenant
+        history: list[Body] = []
+        if parsed.previous_response_id is not None:
+            where = "previous_response_id"
+            history = self.store.get(owner, parsed.previous_response_id, where).conversation
+        body = parsed.chat_body(history)
+        chat = await self.engine.process(ChatCompletionRequest.model_validate, body)
+        ready = await self.chat.prepare(request, chat, headers)
+        response_id = f"resp_{uuid.uuid4().hex}"
+        shape = dataclasses.replace(ready.shape, request_id=response_id)
+        run = await self.generation.start(request, chat, ready.prompt, response_id, ready.lora)
+        builder = ResponseBuilder(response_id, self._echo(parsed, ready.lora), shape)
+        kept = Kept(self, parsed.store, owner, [*history, *parsed.conversation()])
+        if parsed.stream:
+            events = self._events(run, builder, kept)
+            return StreamingResponse(events, media_type="text/event-stream", headers=ready.headers)
+        failed = await self.generation.finish(request, run)
+        if failed is not None:
+            return failed
+        output = run.outputs[0]
+        assert output is not None
+        builder.feed(shape.events(0, output.outputs[0].text, True))
+        builder.finish(output, self._usage(output, builder))
+        kept(builder)
+        return JSONResponse(builder.response, headers=ready.headers)
+
+    async def retrieve(self, request: Request) -> Response:
+        stored = self.store.get(caller(request).tenant, request.path_params["response_id"])
+        return JSONResponse(stored.response)
+
+    async def delete(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        self.store.delete(caller(request).tenant, response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    async def _events(self, run: Run, builder: ResponseBuilder, kept: "Kept") -> AsyncIterator[str]:
+        numbered = 0
+
+        def sse(event: Body) -> str:
+            nonlocal numbered
+            event["sequence_number"] = numbered
+            numbered += 1
+            return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+
+        for event in builder.start():
+            yield sse(event)
+        item = run.first
+        try:
+            while item is not None:
+                output = item[1]
+                run.outputs[0] = output
+                text = output.outputs[0].delta_text
+                for event in builder.feed(builder.shape.events(0, text, output.finished)):
+                    yield sse(event)
+                item = await anext(run.rest, None)
+        except Exception as exc:  # mid-stream failure: the response fails, in the stream
+            run.done(200, names.OUTCOME_ERROR)
+            yield sse(builder.failed(json.loads(from_exception(exc).body)["error"]))
+            return
+        except BaseException:  # the client went away (cancellation): the engine aborts it
+            run.done(200, "abort")
+            raise
+        run.done(200, None)
+        final = run.outputs[0]
+        assert final is not None
+        closing = builder.finish(final, self._usage(final, builder))
+        kept(builder)  # before the last event: a client continuing at once finds it
+        for event in closing:
+            yield sse(event)
+
+    def _usage(self, output: Any, builder: ResponseBuilder) -> Body:
+        text = builder.reasoning_text
+        tokenizer = self.engine.inputs.tokenizer
+        reasoning = len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
+        return usage(output, reasoning)
+
+    def _echo(self, parsed: ResponsesRequest, lora: str | None) -> Body:
+        """The request's settings as the response object repeats them."""
+        tools = [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters,
+                "strict": t.strict,
+            }
+            for t in parsed.tools or []
+        ]
+        choice = parsed.tool_choice
+        text_format = parsed.text.format if parsed.text else None
+        reasoning = parsed.reasoning
+        return {
+            "model": lora or self.name,
+            "instructions": parsed.instructions,
+            "tools": tools,
+            "tool_choice": choice.model_dump()
+            if choice and not isinstance(choice, str)
+            else (choice or "auto"),
+            "parallel_tool_calls": parsed.parallel_tool_calls,
+            "temperature": 1.0 if parsed.temperature is None else parsed.temperature,
+            "top_p": 1.0 if parsed.top_p is None else parsed.top_p,
+            "max_output_tokens": parsed.max_output_tokens,
+            "previous_response_id": parsed.previous_response_id,
+            "reasoning": reasoning.model_dump() if reasoning else {"effort": None, "summary": None},
+            "text": {
+                "format": text_format.model_dump(by_alias=True, exclude_none=True)
+                if text_format
+                else {"type": "text"}
+            },
+            "truncation": parsed.truncation or "disabled",
+            "metadata": parsed.metadata or {},
+            "store": parsed.store,
+            "service_tier": parsed.service_tier or "default",
+            "user": parsed.user,
+            "background": False,
+        }
+
+
+@dataclasses.dataclass
+class Kept:
+    """What storing a finished response needs: the store, whether to, whose, and the chat
+    turns that led to it (without the instructions: a continuation does not inherit them)."""
+
+    serving: ServingResponses
+    wanted: bool
+    owner: str
+    asked: list[Body]
+
+    def __call__(self, builder: ResponseBuilder) -> None:
+        if self.wanted:
+            turn = assistant_turn(builder.items)
+            self.serving.store.put(self.owner, builder.response, [*self.asked, turn])
+
+
+def assistant_turn(items: list[Body]) -> Body:
+    """The response's output as the chat turn a continuation replays."""
+    text = "".join(
+        part["text"] for item in items if item["type"] == "message" for part in item["content"]
+    )
+    calls = [
+        {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
+        for item in items
+        if item["type"] == "function_call"
+    ]
+    turn: Body = {"role": "assistant", "content": text if text or not calls else None}
+    if calls:
+        turn["tool_calls"] = calls
+    return turn
