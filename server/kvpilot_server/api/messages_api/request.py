@@ -4,7 +4,7 @@ blocks and tools are told apart by their `type`: the kinds kvpilot cannot serve 
 documents, server tools) parse into catch-all models so that translate.py refuses them in
 words rather than with a union's list of mismatches."""
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
@@ -21,6 +21,18 @@ class _Strict(Body):
     the body's top level may carry ignored fields, which the answer names)."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+def _str_or_list(value: Any) -> str:
+    return "str" if isinstance(value, str) else "list"
+
+
+L = TypeVar("L")
+# A string or a list of blocks, told apart by the JSON type: a bad block's error is the
+# block's, not the string branch's "Input should be a valid string".
+TextOr = Annotated[
+    Annotated[str, Tag("str")] | Annotated[L, Tag("list")], Discriminator(_str_or_list)
+]
 
 
 class CacheControl(_Strict):
@@ -48,7 +60,7 @@ class ToolUseBlock(_Strict):
 class ToolResultBlock(_Strict):
     type: Literal["tool_result"]
     tool_use_id: Annotated[str, Field(min_length=1, max_length=256)]
-    content: str | Annotated[list["Block"], Field(max_length=MAX_BLOCKS)] = ""
+    content: TextOr[Annotated[list["Block"], Field(max_length=MAX_BLOCKS)]] = ""
     is_error: bool = False
     cache_control: CacheControl | None = None
 
@@ -93,7 +105,7 @@ ToolResultBlock.model_rebuild()
 
 class MessageParam(_Strict):
     role: Literal["user", "assistant"]
-    content: str | Annotated[list[Block], Field(max_length=MAX_BLOCKS)]
+    content: TextOr[Annotated[list[Block], Field(max_length=MAX_BLOCKS)]]
 
 
 class CustomTool(_Strict):
@@ -183,7 +195,7 @@ class CountTokensRequest(Body):
 
     model: str
     messages: Annotated[list[MessageParam], Field(min_length=1)]
-    system: str | Annotated[list[TextBlock], Field(max_length=MAX_SYSTEM_BLOCKS)] | None = None
+    system: TextOr[Annotated[list[TextBlock], Field(max_length=MAX_SYSTEM_BLOCKS)]] | None = None
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
