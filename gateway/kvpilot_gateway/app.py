@@ -79,7 +79,10 @@ def build_app(state: State) -> Starlette:
                     metrics.unrouted.labels("ClientDisconnect").inc()
                     return Response(status_code=CLIENT_CLOSED)
                 resumable = bool(
-                    wanted.resumable and settings.gateway_secret and settings.max_resumes
+                    wanted.resumable
+                    and request.url.path in RESUMABLE_PATHS
+                    and settings.gateway_secret
+                    and settings.max_resumes
                 )
                 # Only the replica's copy of the body is kept from here on.
                 wanted = target.for_replica(wanted, model.served, resumable)
@@ -273,9 +276,19 @@ def build_app(state: State) -> Starlette:
             Route("/v1/chat/completions", complete, methods=["POST"]),
             Route("/v1/embeddings", complete, methods=["POST"]),
             Route("/v1/completions", complete, methods=["POST"]),
+            # By model, as the others; their streams are not moved mid-answer (resume.py
+            # speaks chat completion chunks), and a stored response lives on the replica
+            # that made it (docs/gateway.md).
+            Route("/v1/responses", complete, methods=["POST"]),
+            Route("/v1/messages", complete, methods=["POST"]),
+            Route("/v1/messages/count_tokens", complete, methods=["POST"]),
             *status_routes(state),
         ],
     )
+
+
+# The streams resume.py can move to another replica mid-answer: chat and text completions'.
+RESUMABLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def _refused(exc: KvpilotError) -> Response:

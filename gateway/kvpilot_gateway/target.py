@@ -37,7 +37,7 @@ FORWARDING_ROOM = 1 << 10
 MAX_CLIENT_BODY_BYTES = MAX_BODY_BYTES - FORWARDING_ROOM
 CONTINUE = "kvpilot_continue"  # the gateway's own field: a takeover of a broken stream
 # What a request may generate, for its tenant's tokens per minute (usage.estimate()).
-LENGTH_KEYS = ("n", "max_tokens", "max_completion_tokens")
+LENGTH_KEYS = ("n", "max_tokens", "max_completion_tokens", "max_output_tokens")
 
 # The keys prefix_key() and the model lookup read, at any depth; every other key is dropped as
 # its object is parsed.

@@ -59,8 +59,10 @@ def estimate(target: Target, path: str, context: int = 0) -> Cost:
     fields = dict(target.lengths)
     n = fields.get("n")
     choices = min(n, MAX_CHOICES) if type(n) is int and n > 0 else 1
-    chat = path.endswith("/chat/completions")
-    cap = (fields.get("max_completion_tokens") if chat else None) or fields.get("max_tokens")
+    # Chat, Responses and Messages: absent, the answer may run to the context.
+    chat = path.endswith(("/chat/completions", "/responses", "/messages"))
+    bound = fields.get("max_completion_tokens") or fields.get("max_output_tokens")
+    cap = (bound if chat else None) or fields.get("max_tokens")
     if type(cap) is not int or cap < 1:  # absent or null: the server's default
         uncapped = chat or "max_tokens" in fields  # a completion's null: up to the context
         cap = (context or UNCAPPED_TOKENS) if uncapped else COMPLETION_DEFAULT_TOKENS

@@ -48,6 +48,21 @@ def _chat(client: openai.OpenAI, stream: bool = False) -> str:
     return client.chat.completions.create(**asked).choices[0].message.content or ""
 
 
+def _other_apis(gateway: Gateway, client: openai.OpenAI) -> None:
+    """The Responses and Messages APIs through the gateway, routed by model. A stored response
+    lives on the replica that made it: round-robin sends the continuation to the other one,
+    which answers a 404 that says so, never a conversation started over."""
+    first = client.responses.create(model="tiny", input="Say hello", max_output_tokens=4)
+    assert first.output_text and first.usage.output_tokens == 4
+    with pytest.raises(openai.NotFoundError, match="No stored response"):
+        client.responses.create(
+            model="tiny", input="Again", previous_response_id=first.id, max_output_tokens=4
+        )
+    body = {"model": "tiny", "max_tokens": 4, "messages": CHAT}
+    reply = httpx.post(f"{gateway.url}/v1/messages", json=body, timeout=30)
+    assert reply.status_code == 200 and reply.json()["type"] == "message", reply.text
+
+
 def test_two_backends_share_requests_and_one_killed_leaves_the_other_serving(servers, tmp_path):
     (first, first_url), (_, second_url) = servers
     backends = f"tiny={first_url},{second_url}"
@@ -65,6 +80,7 @@ def test_two_backends_share_requests_and_one_killed_leaves_the_other_serving(ser
             lambda: [metric_at(u, names.REQUESTS) for u in (first_url, second_url)] == [3, 3],
             timeout=5,
         )
+        _other_apis(gateway, client)
 
         first.kill()
         first.wait()

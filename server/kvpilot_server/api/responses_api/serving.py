@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from kvpilot_common import metric_names as names
+from kvpilot_common import trust
 from kvpilot_common.http.auth import caller
 from kvpilot_common.http.errors import from_exception
 from kvpilot_server.api.fields import REFUSED_RESPONSES, check_extras, ignored_header
@@ -67,7 +68,10 @@ class ServingResponses:
         builder.feed(shape.events(0, output.outputs[0].text, True))
         builder.finish(output, self._usage(output, builder))
         kept(builder)
-        return JSONResponse(builder.response, headers=ready.headers)
+        headers = ready.headers
+        if run.done.who.trusted:  # the gateway charges the tenant's tokens (kvpilot_common.trust)
+            headers = {**headers, trust.USAGE_HEADER: str(run.done.tokens())}
+        return JSONResponse(builder.response, headers=headers)
 
     async def retrieve(self, request: Request) -> Response:
         stored = self.store.get(caller(request).tenant, request.path_params["response_id"])
@@ -112,6 +116,8 @@ class ServingResponses:
         kept(builder)  # before the last event: a client continuing at once finds it
         for event in closing:
             yield sse(event)
+        if run.done.who.trusted:  # clients skip comments; the gateway reads it
+            yield f": {trust.USAGE_COMMENT} {run.done.tokens()}\n\n"
 
     def _usage(self, output: Any, builder: ResponseBuilder) -> Body:
         text = builder.reasoning_text
