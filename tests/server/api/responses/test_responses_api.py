@@ -4,6 +4,7 @@ one), function tools and their outputs sent back, text.format json_schema, store
 continued with previous_response_id, read and deleted, and what kvpilot refuses in words."""
 
 import json
+from pathlib import Path
 
 import httpx
 import openai
@@ -11,6 +12,10 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from kvpilot_server.api.fields import REFUSED_RESPONSES
+from kvpilot_server.api.responses_api.request import ResponsesRequest
+
+TABLE = Path(__file__).parents[4] / "docs" / "api-fields.md"
 EVENTS = TypeAdapter(ResponseStreamEvent)
 WEATHER = {
     "type": "function",
@@ -178,3 +183,21 @@ def test_what_kvpilot_cannot_do_is_a_400_that_says_so(small_server, body, words)
     reply = httpx.post(f"{small_server}/v1/responses", json=sent, timeout=30)
     assert reply.status_code == 400, reply.text
     assert words in reply.json()["error"]["message"]
+
+
+def _rows() -> dict[str, str]:
+    """docs/api-fields.md's /v1/responses table: field -> answer."""
+    text = TABLE.read_text().split("## `/v1/responses`")[1].split("\n## ")[0]
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells[1]
+    return rows
+
+
+def test_the_fields_table_is_the_code():
+    rows = _rows()
+    assert {f for f, answer in rows.items() if answer == "refused"} == set(REFUSED_RESPONSES)
+    kept = {f for f, answer in rows.items() if answer in ("honoured", "limited", "ignored")}
+    assert kept == set(ResponsesRequest.model_fields)
