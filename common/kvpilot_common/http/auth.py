@@ -1,5 +1,6 @@
-"""Who is calling, and whether they may: `Authorization: Bearer <key>` on every route but the
-probes, /metrics and the API description (/openapi.json), the key's tenant, and its limits.
+"""Who is calling, and whether they may: `Authorization: Bearer <key>` (or `x-api-key: <key>`,
+as Anthropic's clients send it) on every route but the probes, /metrics and the API description
+(/openapi.json), the key's tenant, and its limits.
 
 The keys and their tenants and limits are the key book's (http/keys.py), the limits' buckets
 http/rate_limit.py's. Each request's caller is left in the ASGI scope's state for the routes
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvpilot_common import trust
@@ -53,9 +55,11 @@ class ApiKeyMiddleware:
         limits: RateLimits | None = None,
         gateway_secret: str | None = None,  # a server behind kvpilot's gateway: whom to trust
         refused: Callable[[str, str], None] = lambda tenant, limit: None,  # a metric
+        # A refusal (401, 429) in the shape of the API its path belongs to (path, response).
+        shaped: Callable[[str, JSONResponse], JSONResponse] = lambda path, response: response,
     ) -> None:
         self.app, self.keys, self.limits, self.secret = app, keys, limits, gateway_secret
-        self.refused = refused
+        self.refused, self.shaped = refused, shaped
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -67,9 +71,11 @@ class ApiKeyMiddleware:
             if key is None:
                 response = error_response(
                     401,
-                    "Missing or invalid API key: send 'Authorization: Bearer <key>'",
+                    "Missing or invalid API key: send 'Authorization: Bearer <key>' "
+                    "or 'x-api-key: <key>'",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
+                response = self.shaped(scope["path"], response)
                 await response(scope, receive, send)
                 return
         # Only a server behind the gateway (it has the secret) looks for what the gateway says.
@@ -92,20 +98,30 @@ class ApiKeyMiddleware:
                 f"retry in {verdict.retry_after:.3g} s",
                 headers=refusal_headers(verdict),
             )
+            response = self.shaped(scope["path"], response)
             await response(scope, receive, send)
             return
         scope.setdefault("state", {})[STATE] = who
         await self.app(scope, receive, _with_headers(send, verdict) if verdict else send)
 
     def _authenticate(self, raw: list[tuple[bytes, bytes]]) -> Key | None:
+        """The key of `Authorization: Bearer <key>` or `x-api-key: <key>` (or both, if they
+        agree). A header sent twice, or two that disagree, count for nothing: a proxy before
+        us may have checked the other one."""
         assert self.keys is not None
-        values = [v for k, v in raw if k == b"authorization"]
-        # Two: a proxy before us may have checked the other one. Neither counts.
-        header = values[0] if len(values) == 1 else b""
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer":
+        bearer = [v for k, v in raw if k == b"authorization"]
+        api_key = [v for k, v in raw if k == b"x-api-key"]
+        if len(bearer) > 1 or len(api_key) > 1:
             return None
-        return self.keys.match(token.strip())
+        tokens = {v.strip() for v in api_key}
+        for header in bearer:
+            scheme, _, token = header.partition(b" ")
+            if scheme.lower() != b"bearer":
+                return None
+            tokens.add(token.strip())
+        if len(tokens) != 1:
+            return None
+        return self.keys.match(tokens.pop())
 
     def _forwarded(self, headers: dict[bytes, bytes]) -> Caller | None:
         """The tenant kvpilot's gateway names, with its secret. A gateway without keys names

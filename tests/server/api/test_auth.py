@@ -1,8 +1,10 @@
-"""API keys: a wrong or missing key is a 401 in OpenAI's shape; probes and metrics stay open."""
+"""API keys (Authorization: Bearer, or x-api-key as Anthropic's client sends it): a wrong or
+missing key is a 401 in OpenAI's shape; probes and metrics stay open."""
 
 import json
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -32,6 +34,25 @@ def test_right_key_works_and_wrong_key_is_rejected(secured):
         bad.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
     missing = httpx.post(f"{secured}/v1/completions", json={"prompt": "x"})
     assert missing.status_code == 401 and missing.json()["error"]["type"] == "authentication_error"
+
+
+def test_anthropics_client_authenticates_with_x_api_key_or_bearer(secured):
+    ask = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    for client in (
+        anthropic.Anthropic(base_url=secured, api_key="sk-first", max_retries=0),  # x-api-key
+        anthropic.Anthropic(base_url=secured, auth_token="sk-second", max_retries=0),  # Bearer
+    ):
+        assert client.messages.create(**ask).type == "message"
+    bad = anthropic.Anthropic(base_url=secured, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError, match="invalid API key"):
+        bad.messages.create(**ask)
+    # Two keys that disagree count for nothing, as two Authorization headers do.
+    both = {"x-api-key": "sk-first", "Authorization": "Bearer sk-second"}
+    assert httpx.get(f"{secured}/v1/models", headers=both).status_code == 401
+    agree = {"x-api-key": "sk-first", "Authorization": "Bearer sk-first"}
+    assert httpx.get(f"{secured}/v1/models", headers=agree).status_code == 200
+    twice = [("x-api-key", "sk-first"), ("x-api-key", "sk-first")]
+    assert httpx.get(f"{secured}/v1/models", headers=twice).status_code == 401
 
 
 def test_probes_and_metrics_need_no_key(secured):
