@@ -137,6 +137,10 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> Starlette:
                 limits=RateLimits(),
                 gateway_secret=settings.gateway_secret,
                 refused=metrics.refused,
+                # The key check's 401 and 429 in the shape of the API called.
+                shaped=lambda path, answer: (
+                    anthropic.reshaped(answer) if path.startswith(anthropic.PATH) else answer
+                ),
             ),
             Middleware(RequestScope),
         ],
