@@ -3,29 +3,12 @@ answers thinking blocks (streamed as thinking_delta, accumulating to the whole a
 `thinking: disabled` switches it off, past thinking blocks are dropped from the prompt, and a
 model that cannot think refuses `thinking: enabled` in words."""
 
-import shutil
-
 import anthropic
 import pytest
 from shapes import GREEDY, message
 
 ASK = [{"role": "user", "content": "Think."}]
 ON = {"type": "enabled", "budget_tokens": 1024}
-
-
-@pytest.fixture(scope="module")
-def thinking_model(small_vocab_dir, tmp_path_factory):
-    """The small tiny Llama with a template that opens the thinking unless `enable_thinking`
-    is false, as Qwen3's does (the structured tests' reasoning model)."""
-    target = tmp_path_factory.mktemp("thinking") / "model"
-    shutil.copytree(small_vocab_dir("llama"), target)
-    template = target / "chat_template.jinja"
-    text = template.read_text()
-    opening = "{{ '<|im_start|>assistant\n' }}"
-    assert opening in text
-    thinking = "{% if enable_thinking is not defined or enable_thinking %}<think>\n{% endif %}"
-    template.write_text(text.replace(opening, opening + thinking))
-    return target
 
 
 @pytest.fixture(scope="module")

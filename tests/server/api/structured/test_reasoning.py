@@ -2,7 +2,6 @@
 reasoning_content, and a JSON schema holds on what follows `</think>`, not on the thinking."""
 
 import json
-import shutil
 
 import jsonschema
 import openai
@@ -13,20 +12,6 @@ from transformers import AutoTokenizer
 from kvpilot_testing.schemas import SCHEMAS
 
 SCHEMA = SCHEMAS["person"]
-
-
-@pytest.fixture(scope="module")
-def thinking_model(small_vocab_dir, tmp_path_factory):
-    """The small tiny Llama with a template that opens the thinking, as DeepSeek-R1's does."""
-    target = tmp_path_factory.mktemp("thinking") / "model"
-    shutil.copytree(small_vocab_dir("llama"), target)
-    template = target / "chat_template.jinja"
-    text = template.read_text()
-    opening = "{{ '<|im_start|>assistant\n' }}"
-    assert opening in text
-    thinking = "{% if enable_thinking is not defined or enable_thinking %}<think>\n{% endif %}"
-    template.write_text(text.replace(opening, opening + thinking))
-    return target
 
 
 @pytest.fixture(scope="module")
