@@ -11,7 +11,11 @@ HEADER = "x-kvpilot-gateway-secret"
 ENV = "KVPILOT_GATEWAY_SECRET"
 TENANT_HEADER = "x-kvpilot-tenant"  # the tenant the gateway identified (http/keys.py)
 WEIGHT_HEADER = "x-kvpilot-tenant-weight"
-HEADERS = frozenset({HEADER, TENANT_HEADER, WEIGHT_HEADER})  # a client's never pass the gateway
+# The replica the gateway sent a request to, as stored_ids.replica_tag() names it: a server puts
+# it in the ids of the responses it stores, so that the gateway sends their continuations back.
+REPLICA_HEADER = "x-kvpilot-replica"
+# A client's never pass the gateway.
+HEADERS = frozenset({HEADER, TENANT_HEADER, WEIGHT_HEADER, REPLICA_HEADER})
 # A server tells the gateway a forwarded request's tokens (prompt and completion), which the
 # gateway charges to the tenant's tokens per minute: a header on a whole answer, a comment
 # (`: kvpilot-usage-tokens N`) before a stream's [DONE].

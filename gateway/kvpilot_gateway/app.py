@@ -24,12 +24,13 @@ from kvpilot_common.errors import KvpilotError, ModelNotFoundError, OverloadedEr
 from kvpilot_common.http.auth import ApiKeyMiddleware, caller
 from kvpilot_common.http.body import read_body
 from kvpilot_common.http.errors import error_response, from_exception
-from kvpilot_gateway import adapters, budget, headers, resume, target, usage
+from kvpilot_gateway import adapters, budget, headers, resume, stored, target, usage
 from kvpilot_gateway.budget import Lease
 from kvpilot_gateway.catalog import Model
 from kvpilot_gateway.failover import Failover
 from kvpilot_gateway.holding import StartingError
 from kvpilot_gateway.proxy import (
+    CLIENT_CLOSED,
     UPSTREAM_ERRORS,
     Passthrough,
     UpstreamTimeout,
@@ -40,7 +41,6 @@ from kvpilot_gateway.state import State
 from kvpilot_gateway.status_routes import status_routes
 
 log = logging.getLogger("kvpilot.gateway")
-CLIENT_CLOSED = 499  # nginx's code for a client that left; only metrics and logs see it
 
 
 def build_app(state: State) -> Starlette:
@@ -49,16 +49,7 @@ def build_app(state: State) -> Starlette:
     async def complete(request: Request) -> Response:
         if state.draining:
             return _with_retry_after(503, "Draining: this gateway replica is shutting down", 1)
-        # Taken before the body is read: nothing a chunked body's trailer says is forwarded.
-        client = request.scope.get("client")
-        upstream_headers = headers.to_replica(
-            list(request.headers.raw),
-            client[0] if client else None,
-            request.url.scheme,
-            settings.trusted_proxies,
-        )
-        if settings.gateway_secret:
-            upstream_headers += headers.from_gateway(caller(request), settings.gateway_secret)
+        upstream_headers = headers.of_request(request, settings)
         refused = headers.too_large(upstream_headers)
         if refused is not None:  # known before the body: it is not read
             metrics.unrouted.labels("HeadersTooLarge").inc()
@@ -133,8 +124,12 @@ def build_app(state: State) -> Starlette:
         body, resumable = wanted.body, wanted.resumable  # as target.for_replica() made them
         key = wanted.key
         tried: set[str] = set()
+        # A continuation goes to the replica holding its conversation, or nowhere.
+        held = None if wanted.pinned is None else stored.pinned(state, model, wanted.pinned)
+        if isinstance(held, Response):
+            return held
         for attempt in range(settings.retries + 1):
-            endpoints = [e for e in state.usable(model) if e not in tried]
+            endpoints = [e for e in held or state.usable(model) if e not in tried]
             if not endpoints and tried:
                 break
             if not endpoints:
@@ -184,7 +179,7 @@ def build_app(state: State) -> Starlette:
                     endpoint,
                     request.url.path,
                     body,
-                    sent,
+                    headers.for_endpoint(sent, endpoint, settings.gateway_secret),
                     settings.upstream_timeout,
                 )
                 pending = asyncio.ensure_future(send)
@@ -277,9 +272,10 @@ def build_app(state: State) -> Starlette:
             Route("/v1/embeddings", complete, methods=["POST"]),
             Route("/v1/completions", complete, methods=["POST"]),
             # By model, as the others; their streams are not moved mid-answer (resume.py
-            # speaks chat completion chunks), and a stored response lives on the replica
-            # that made it (docs/gateway.md).
+            # speaks chat completion chunks), and a continuation of a stored response goes to
+            # the replica that holds it (stored.py).
             Route("/v1/responses", complete, methods=["POST"]),
+            *stored.stored_routes(state),
             Route("/v1/messages", complete, methods=["POST"]),
             Route("/v1/messages/count_tokens", complete, methods=["POST"]),
             *status_routes(state),

@@ -6,6 +6,7 @@ import aiohttp
 
 from kvpilot_gateway import resume
 from kvpilot_gateway.catalog import Model
+from kvpilot_gateway.headers import for_endpoint
 from kvpilot_gateway.proxy import UPSTREAM_ERRORS, UpstreamTimeout, open_upstream
 from kvpilot_gateway.state import State
 
@@ -55,8 +56,9 @@ class Failover:
             state.loads.begin(endpoint)
             assert state.client is not None
             try:
+                sent = for_endpoint(headers, endpoint, settings.gateway_secret)
                 upstream = await open_upstream(
-                    state.client, endpoint, self.path, body, headers, settings.upstream_timeout
+                    state.client, endpoint, self.path, body, sent, settings.upstream_timeout
                 )
             except (UpstreamTimeout, *UPSTREAM_ERRORS):
                 state.loads.end(endpoint)

@@ -11,10 +11,12 @@ import ipaddress
 import re
 from collections.abc import Sequence
 
-from kvpilot_common import trust
-from kvpilot_common.http.auth import Caller
+from starlette.requests import Request
+
+from kvpilot_common import stored_ids, trust
+from kvpilot_common.http.auth import Caller, caller
 from kvpilot_common.http.limits import MAX_HEADER_BYTES
-from kvpilot_gateway.options import Network
+from kvpilot_gateway.options import Network, Settings
 
 Headers = list[tuple[bytes, bytes]]
 # What a replica's header limit leaves for the headers, below its request line's room.
@@ -121,6 +123,22 @@ def too_large(headers: Headers) -> str | None:
     )
 
 
+def of_request(request: Request, settings: Settings) -> Headers:
+    """What a replica gets of this client request's headers: the end-to-end ones, what the
+    gateway saw of the client, and, with the secret, what the gateway vouches for. Taken
+    before the body is read: nothing a chunked body's trailer says is forwarded."""
+    client = request.scope.get("client")
+    sent = to_replica(
+        list(request.headers.raw),
+        client[0] if client else None,
+        request.url.scheme,
+        settings.trusted_proxies,
+    )
+    if settings.gateway_secret:
+        sent += from_gateway(caller(request), settings.gateway_secret)
+    return sent
+
+
 def from_gateway(caller: Caller, secret: str) -> Headers:
     """What the replica believes because the gateway says so (kvpilot_common.trust): the
     request's tenant, for the engine's fairness, proven by the shared secret."""
@@ -129,3 +147,11 @@ def from_gateway(caller: Caller, secret: str) -> Headers:
         (trust.TENANT_HEADER.encode(), caller.tenant.encode()),
         (trust.WEIGHT_HEADER.encode(), repr(caller.weight).encode()),
     ]
+
+
+def for_endpoint(sent: Headers, endpoint: str, secret: str | None) -> Headers:
+    """`sent` as the replica at `endpoint` gets them: told, where the gateway proves itself, the
+    tag it is known by, which it puts in the ids of the responses it stores (stored.py)."""
+    if not secret:
+        return sent
+    return [*sent, (trust.REPLICA_HEADER.encode(), stored_ids.replica_tag(endpoint).encode())]

@@ -32,6 +32,7 @@ from kvpilot_gateway.usage import Reservation, UsageTap
 T = TypeVar("T")
 log = logging.getLogger("kvpilot.gateway")
 _UNREPORTED: set[tuple] = set()  # replicas warned about, once each
+CLIENT_CLOSED = 499  # nginx's code for a client that left; only metrics and logs see it
 
 
 async def until_disconnect(receive: Receive) -> None:
@@ -236,13 +237,14 @@ async def open_upstream(
     body: bytes,
     headers: list[tuple[bytes, bytes]],
     timeout: float,
+    method: str = "POST",
 ) -> aiohttp.ClientResponse:
     """Send the request (`headers` as the replica gets them, headers.to_replica()); the
     response with its headers, its body still to read. UpstreamTimeout when it has not
     started answering within `timeout`. Header values pass as received (latin-1, as HTTP
     carries them)."""
     forwarded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
-    send = client.post(f"http://{endpoint}{path}", data=body, headers=forwarded)
+    send = client.request(method, f"http://{endpoint}{path}", data=body, headers=forwarded)
     try:
         return await asyncio.wait_for(send, timeout)
     except TimeoutError as exc:

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot_common import stored_ids
 from kvpilot_common.errors import InvalidRequestError
 from kvpilot_common.http.limits import MAX_BODY_BYTES
 from kvpilot_gateway import resume
@@ -38,6 +39,7 @@ MAX_CLIENT_BODY_BYTES = MAX_BODY_BYTES - FORWARDING_ROOM
 CONTINUE = "kvpilot_continue"  # the gateway's own field: a takeover of a broken stream
 # What a request may generate, for its tenant's tokens per minute (usage.estimate()).
 LENGTH_KEYS = ("n", "max_tokens", "max_completion_tokens", "max_output_tokens")
+PREVIOUS = "previous_response_id"  # the Responses API's continuation of a stored response
 
 # The keys prefix_key() and the model lookup read, at any depth; every other key is dropped as
 # its object is parsed.
@@ -45,6 +47,7 @@ ROUTING_KEYS = frozenset(
     {"model", "messages", "prompt", "role", "content", "type", "text"}
     | {"stream", "n", "return_token_ids"}  # whether a stream can resume elsewhere (resume.py)
     | {CONTINUE}  # refused from a client
+    | {PREVIOUS}  # a stored conversation's replica (stored.py)
     | set(LENGTH_KEYS)
 )
 # A \uD800-\uDFFF escape whose backslash is not itself escaped; group 1: its four hex digits.
@@ -61,6 +64,9 @@ class Target:
     # The top level's LENGTH_KEYS as the client sent them (absent: not there): read by the one
     # parse routing makes, so that a tokens limit parses nothing again.
     lengths: tuple[tuple[str, object], ...] = ()
+    # A continuation of a stored response: the tag of the replica that holds it
+    # (kvpilot_common.stored_ids); None for any other request.
+    pinned: str | None = None
 
 
 # Bytes the parse builds, at most, per array (a list and its slot), per object (cut to None by
@@ -143,7 +149,9 @@ def parse(body: bytes, prefix_chars: int | None) -> Target:
     key = prefix_key(parsed, prefix_chars) if prefix_chars is not None else None
     resumable = parsed.get("stream") is True and parsed.get("n", 1) in (1, None)
     lengths = tuple((k, parsed[k]) for k in LENGTH_KEYS if k in parsed)
-    return Target(model, key, body, resumable, parsed.get("return_token_ids") is True, lengths)
+    token_ids = parsed.get("return_token_ids") is True
+    pinned = stored_ids.tag_of(parsed.get(PREVIOUS))
+    return Target(model, key, body, resumable, token_ids, lengths, pinned)
 
 
 def for_replica(target: Target, served: str, resumable: bool) -> Target:

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from kvpilot_common import metric_names as names
-from kvpilot_common import trust
+from kvpilot_common import stored_ids, trust
 from kvpilot_testing.kube.cluster import wait_for
 from kvpilot_testing.kube.gateway import Gateway
 from kvpilot_testing.live_server import start_tiny_server, stop_servers, stop_side_by_side
@@ -183,3 +183,56 @@ def test_a_non_streamed_request_whose_server_is_killed_is_answered_by_the_other(
     assert answers[0].choices[0].message.content == expected.choices[0].message.content
     assert answers[0].usage.completion_tokens == 600
     assert counts.since(RETRIES) == 1
+
+
+def test_a_stored_conversation_goes_on_at_its_replica_whatever_the_balancer_picks(setup, tmp_path):
+    """previous_response_id over three turns through a round-robin gateway, which would send
+    each turn to the other replica: every turn reaches the one that stored the conversation
+    (the tag in the response ids), and so do GET and DELETE; an id of no replica, or of one
+    killed, is refused in words, never a conversation started over."""
+    servers, *_ = setup
+    backends = "tiny=" + ",".join(servers.urls())
+    gateway = Gateway(None, None, tmp_path / "round-robin.log", "--backend", backends)
+    gateway.args += ("--scrape-interval", "0.2", "--routing", "round-robin", "--backend-secret")
+    gateway.start()
+    try:
+        wait_for("both servers usable", lambda: _usable(gateway) == 2, timeout=30)
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="-", max_retries=0)
+        turns = [client.responses.create(model="tiny", input="Say hello", max_output_tokens=4)]
+        for words in ("Again", "Once more"):
+            turns.append(
+                client.responses.create(
+                    model="tiny",
+                    input=words,
+                    previous_response_id=turns[-1].id,
+                    max_output_tokens=4,
+                )
+            )
+        tags = {stored_ids.tag_of(turn.id) for turn in turns}
+        by_tag = {
+            stored_ids.replica_tag(url.split("//")[1]): i for i, url in enumerate(servers.urls())
+        }
+        assert len(tags) == 1 and tags <= by_tag.keys(), (tags, by_tag)
+        # Each turn's prompt holds the turns before it.
+        lengths = [turn.usage.input_tokens for turn in turns]
+        assert lengths == sorted(set(lengths)), lengths
+
+        for _ in range(2):  # round-robin would alternate: both reach the holder
+            assert client.responses.retrieve(turns[-1].id).output_text == turns[-1].output_text
+        client.responses.delete(turns[0].id)
+        with pytest.raises(openai.NotFoundError, match="No stored response"):
+            client.responses.retrieve(turns[0].id)
+        with pytest.raises(openai.NotFoundError, match="names none"):
+            client.responses.retrieve("resp_" + "0" * 32)
+        with pytest.raises(openai.NotFoundError, match="on a replica serving now"):
+            client.responses.retrieve(f"resp_{'0' * 12}_{'0' * 32}")
+
+        servers.kill(by_tag[tags.pop()])
+        wait_for("one server usable", lambda: _usable(gateway) == 1, timeout=30)
+        with pytest.raises(openai.NotFoundError, match="has left .* or is not ready"):
+            client.responses.create(
+                model="tiny", input="Still there?", previous_response_id=turns[-1].id
+            )
+    finally:
+        gateway.stop()
+        print(gateway.log()[-3000:])

@@ -6,6 +6,7 @@ import tracemalloc
 
 import pytest
 
+from kvpilot_common import stored_ids
 from kvpilot_common.errors import InvalidRequestError
 from kvpilot_gateway.balance import prefix_key
 from kvpilot_gateway.target import FORWARDING_ROOM, for_replica, parse, parse_cost
@@ -97,3 +98,18 @@ def test_the_parse_cost_bounds_what_the_parse_builds():
     assert parse_cost(empty_arrays) > 32 << 20  # past the default budget: refused, not parsed
     small_objects = b'{"model": "m", "x": [' + b'{"a":1},' * 400_000 + b"{}]}"
     assert parse_cost(small_objects) < 32 << 20  # the hook makes these cheap: parsed
+
+
+def test_a_continuation_names_the_replica_its_id_was_tagged_with():
+    tag = stored_ids.replica_tag("10.0.0.7:8000")
+    made = stored_ids.new_id(tag)
+    body = {"model": "m", "input": "go on", "previous_response_id": made}
+    assert parse(json.dumps(body).encode(), None).pinned == tag
+    # Anything else names no replica: routed as any request (the replica answers for it).
+    for other in (stored_ids.new_id(None), made + "0", made.upper(), 7, None, ["x"]):
+        body["previous_response_id"] = other
+        assert parse(json.dumps(body).encode(), None).pinned is None, other
+    nested = {"model": "m", "input": [{"previous_response_id": made}]}
+    assert parse(json.dumps(nested).encode(), None).pinned is None
+    # A server is told no tag that is not one (a header is the gateway's, but checked anyway).
+    assert stored_ids.tag_of(stored_ids.new_id("../../etc")) is None

@@ -43,12 +43,15 @@ class Intake:
                 "This model is an embedding model: it serves /v1/embeddings only", "model"
             )
 
+    def from_gateway(self, request: Request) -> bool:
+        """Whether kvpilot's gateway sent this request (it sends the secret)."""
+        return trust.authorized(request.headers.get(trust.HEADER), self.gateway_secret)
+
     def continuing(self, request: Request, parsed: SamplingFields) -> None:
         """kvpilot_continue only from the gateway: with the secret, for one choice."""
         if parsed.kvpilot_continue is None:
             return
-        sent = request.headers.get(trust.HEADER)
-        if not trust.authorized(sent, self.gateway_secret):
+        if not self.from_gateway(request):
             raise InvalidRequestError(
                 "kvpilot_continue is for kvpilot's gateway, which sends this server's "
                 "gateway secret; this request did not",

@@ -5,7 +5,6 @@ build the response (output.py); a stored response's conversation is what a conti
 
 import dataclasses
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from kvpilot_common import metric_names as names
-from kvpilot_common import trust
+from kvpilot_common import stored_ids, trust
 from kvpilot_common.http.auth import caller
 from kvpilot_common.http.errors import from_exception
 from kvpilot_server.api.fields import REFUSED_RESPONSES, check_extras, ignored_header
@@ -52,7 +51,11 @@ class ServingResponses:
         body = parsed.chat_body(history)
         chat = await self.engine.process(ChatCompletionRequest.model_validate, body)
         ready = await self.chat.prepare(request, chat, headers)
-        response_id = f"resp_{uuid.uuid4().hex}"
+        # The tag the gateway names this replica by, believed only from the gateway.
+        tag = (
+            request.headers.get(trust.REPLICA_HEADER) if self.intake.from_gateway(request) else None
+        )
+        response_id = stored_ids.new_id(tag)
         shape = dataclasses.replace(ready.shape, request_id=response_id)
         run = await self.generation.start(request, chat, ready.prompt, response_id, ready.lora)
         builder = ResponseBuilder(response_id, self._echo(parsed, ready.lora), shape)
