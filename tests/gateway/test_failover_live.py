@@ -219,6 +219,8 @@ def test_a_stored_conversation_goes_on_at_its_replica_whatever_the_balancer_pick
 
         for _ in range(2):  # round-robin would alternate: both reach the holder
             assert client.responses.retrieve(turns[-1].id).output_text == turns[-1].output_text
+        (asked,) = client.responses.input_items.list(turns[-1].id)
+        assert asked.content[0].text == "Once more"
         client.responses.delete(turns[0].id)
         with pytest.raises(openai.NotFoundError, match="No stored response"):
             client.responses.retrieve(turns[0].id)

@@ -68,6 +68,10 @@ async def delete_response(request: Request) -> Response:
     return await services(request).responses.delete(request)
 
 
+async def response_input_items(request: Request) -> Response:
+    return await services(request).responses.input_items(request)
+
+
 async def messages(request: Request) -> Response:
     return await services(request).messages.create(request)
 
@@ -152,6 +156,7 @@ ROUTES = [
     Route("/v1/responses", create_response, methods=["POST"]),
     Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
     Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/input_items", response_input_items, methods=["GET"]),
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),

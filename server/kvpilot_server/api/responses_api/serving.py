@@ -1,4 +1,5 @@
-"""ServingResponses: POST /v1/responses (whole or streamed), GET and DELETE of a stored one.
+"""ServingResponses: POST /v1/responses (whole or streamed), GET and DELETE of a stored one,
+and its input items.
 The request becomes a chat request (request.py) served by the shared core; the output's events
 build the response (output.py); a stored response's conversation is what a continuation reads.
 """
@@ -18,6 +19,7 @@ from kvpilot_common.http.errors import from_exception
 from kvpilot_server.api.fields import REFUSED_RESPONSES, check_extras, ignored_header
 from kvpilot_server.api.generation import Generation, Run
 from kvpilot_server.api.protocol import ChatCompletionRequest
+from kvpilot_server.api.responses_api.input_items import input_items, page
 from kvpilot_server.api.responses_api.output import ResponseBuilder, usage
 from kvpilot_server.api.responses_api.request import ResponsesRequest
 from kvpilot_server.api.responses_api.store import ResponseStore
@@ -59,7 +61,9 @@ class ServingResponses:
         shape = dataclasses.replace(ready.shape, request_id=response_id)
         run = await self.generation.start(request, chat, ready.prompt, response_id, ready.lora)
         builder = ResponseBuilder(response_id, self._echo(parsed, ready.lora), shape)
-        kept = Kept(self, parsed.store, owner, [*history, *parsed.conversation()])
+        kept = Kept(
+            self, parsed.store, owner, [*history, *parsed.conversation()], input_items(parsed)
+        )
         if parsed.stream:
             events = self._events(run, builder, kept)
             return StreamingResponse(events, media_type="text/event-stream", headers=ready.headers)
@@ -79,6 +83,10 @@ class ServingResponses:
     async def retrieve(self, request: Request) -> Response:
         stored = self.store.get(caller(request).tenant, request.path_params["response_id"])
         return JSONResponse(stored.response)
+
+    async def input_items(self, request: Request) -> Response:
+        stored = self.store.get(caller(request).tenant, request.path_params["response_id"])
+        return JSONResponse(page(stored.items, request.query_params))
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
@@ -179,11 +187,13 @@ class Kept:
     wanted: bool
     owner: str
     asked: list[Body]
+    items: list[Body]  # the request's input, as input_items lists it
 
     def __call__(self, builder: ResponseBuilder) -> None:
         if self.wanted:
             turn = assistant_turn(builder.items)
-            self.serving.store.put(self.owner, builder.response, [*self.asked, turn])
+            conversation = [*self.asked, turn]
+            self.serving.store.put(self.owner, builder.response, conversation, self.items)
 
 
 def assistant_turn(items: list[Body]) -> Body:

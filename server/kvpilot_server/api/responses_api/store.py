@@ -20,6 +20,7 @@ class Stored:
     owner: str  # the tenant
     response: dict[str, Any]  # the response object, as GET returns it
     conversation: list[dict[str, Any]]  # chat messages: every turn up to and with this answer
+    items: list[dict[str, Any]]  # the request's own input items, as input_items lists them
     size: int
 
 
@@ -29,12 +30,14 @@ class ResponseStore:
         self._held: OrderedDict[str, Stored] = OrderedDict()
         self._bytes = 0
 
-    def put(self, owner: str, response: dict[str, Any], conversation: list[dict]) -> None:
-        size = len(json.dumps(response)) + len(json.dumps(conversation))
+    def put(
+        self, owner: str, response: dict[str, Any], conversation: list[dict], items: list[dict]
+    ) -> None:
+        size = sum(len(json.dumps(part)) for part in (response, conversation, items))
         if size > self.max_bytes:
             return  # larger than the whole store: kept by nobody, found by nobody (a 404)
         self._drop(response["id"])
-        self._held[response["id"]] = Stored(owner, response, conversation, size)
+        self._held[response["id"]] = Stored(owner, response, conversation, items, size)
         self._bytes += size
         while len(self._held) > self.max_responses or self._bytes > self.max_bytes:
             self._drop(next(iter(self._held)))

@@ -167,6 +167,40 @@ def test_previous_response_id_continues_three_turns_and_the_store_reads_and_dele
         small_client.responses.create(model="tiny", input="Hi", previous_response_id=second.id)
 
 
+def test_input_items_list_a_stored_responses_own_input_in_pages(small_server, small_client):
+    """The items as sent (a client's id kept, one added where missing), validated against the
+    SDK's own item types, newest first by default, paged by `after`; a bad query is a 400."""
+    sent = [
+        {"type": "message", "role": "system", "content": "Be brief."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+        {"type": "message", "role": "assistant", "content": "Hello", "id": "msg_mine"},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "42"},
+        {"type": "reasoning", "summary": []},
+        {"type": "message", "role": "user", "content": "And?"},
+    ]
+    made = small_client.responses.create(model="tiny", input=sent, max_output_tokens=2)
+    listed = list(small_client.responses.input_items.list(made.id, order="asc", limit=3))
+    assert [(i.type, getattr(i, "role", None)) for i in listed] == [
+        (item["type"], item.get("role")) for item in sent
+    ]
+    assert listed[2].id == "msg_mine" and len({i.id for i in listed}) == len(sent)
+    newest = small_client.responses.input_items.list(made.id, limit=2)
+    assert [i.id for i in newest.data] == [i.id for i in listed[::-1][:2]] and newest.has_more
+    url = f"{small_server}/v1/responses/{made.id}/input_items"
+    for query, param in [
+        ({"limit": 0}, "limit"),
+        ({"order": "up"}, "order"),
+        ({"after": "nope"}, "after"),
+        ({"include": "x"}, "include"),
+    ]:
+        refused = httpx.get(url, params=query, timeout=10)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+    string = small_client.responses.create(model="tiny", input="Hi", max_output_tokens=2)
+    (only,) = small_client.responses.input_items.list(string.id)
+    assert only.type == "message" and only.content[0].text == "Hi"
+
+
 @pytest.mark.parametrize(
     ("body", "words"),
     [
