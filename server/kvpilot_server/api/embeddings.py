@@ -21,7 +21,7 @@ from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.fanout import merge
 from kvpilot_server.api.fields import Rule, check_extras, ignored_header
 from kvpilot_server.api.generation import CLIENT_CLOSED, Accounting, unless_client_leaves
-from kvpilot_server.api.metrics import ServerMetrics
+from kvpilot_server.api.metrics import ServerMetrics, api_of
 from kvpilot_server.api.protocol import Body
 from kvpilot_server.api.request_scope import exit_stack
 from kvpilot_server.engine.runtime.async_engine import AsyncEngine
@@ -70,7 +70,8 @@ class Embeddings:
         prompts = parsed.prompts()
         outputs: list[RequestOutput | None] = [None] * len(prompts)
         who = caller(request)
-        done = Accounting(request_id, outputs, self.metrics, who=who, one_prompt=False)
+        api = api_of(request.url.path)
+        done = Accounting(request_id, outputs, self.metrics, api, who=who, one_prompt=False)
         try:
             if self.engine.task != "embed":
                 raise InvalidRequestError(

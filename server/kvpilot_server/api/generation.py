@@ -22,7 +22,7 @@ from kvpilot_server.api import responses
 from kvpilot_server.api.access_log import log_request
 from kvpilot_server.api.admission import Admission
 from kvpilot_server.api.fanout import merge
-from kvpilot_server.api.metrics import ServerMetrics
+from kvpilot_server.api.metrics import ServerMetrics, api_of
 from kvpilot_server.api.protocol import SamplingFields
 from kvpilot_server.api.request_scope import exit_stack
 from kvpilot_server.engine.runtime.async_engine import AsyncEngine
@@ -51,7 +51,8 @@ class Generation:
         each API answers it in its own shape."""
         outputs: list[RequestOutput | None] = [None] * parsed.n
         who = caller(request)
-        done = Accounting(request_id, outputs, self.metrics, lora, who)
+        api = api_of(request.url.path)
+        done = Accounting(request_id, outputs, self.metrics, api, lora, who)
         # Whatever happens from here on, the request's slots and engine requests are given
         # back when the HTTP exchange ends: they are tied to the request's exit stack.
         resources = exit_stack(request)
@@ -144,12 +145,13 @@ class Accounting:
         request_id: str,
         outputs: list[RequestOutput | None],
         metrics: ServerMetrics,
+        api: str,  # metrics.api_of() the request's path
         adapter: str | None = None,
         who: Caller = ANONYMOUS,  # whose tokens per minute it charges, whom the log names
         one_prompt: bool = True,  # n choices of one prompt; False: each output its own (embeddings)
     ) -> None:
         self.request_id, self.outputs, self.metrics = request_id, outputs, metrics
-        self.adapter, self.who, self.one_prompt = adapter, who, one_prompt
+        self.api, self.adapter, self.who, self.one_prompt = api, adapter, who, one_prompt
 
     def tokens(self) -> int:
         """The request's tokens as its tenant's limit counts them, as its usage does."""
@@ -165,7 +167,7 @@ class Accounting:
         reasons = []
         for output in self.outputs:
             reason = outcome or (output and output.outputs[0].finish_reason) or names.OUTCOME_ERROR
-            self.metrics.observe_finished(output, reason, self.adapter)
+            self.metrics.observe_finished(output, reason, self.api, self.adapter)
             reasons.append(reason)
         outcome = ",".join(sorted(set(reasons)))
         log_request(self.request_id, status, self.outputs, outcome, self.who.tenant)

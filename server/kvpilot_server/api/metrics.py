@@ -14,6 +14,20 @@ from kvpilot_server.engine.runtime.llm_engine import EngineStats
 from kvpilot_server.engine.runtime.sequence import Priority
 from kvpilot_server.outputs import RequestOutput
 
+# The api label of each route that runs the engine; a request's API is its route's.
+APIS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/embeddings": "embeddings",
+}
+
+
+def api_of(path: str) -> str:
+    return APIS.get(path, "other")
+
+
 # The class label of each scheduler priority.
 CLASSES = {Priority.INTERACTIVE: names.CLASS_INTERACTIVE, Priority.BATCH: names.CLASS_BATCH}
 
@@ -134,8 +148,9 @@ class ServerMetrics:
         )
         self.requests = Counter(
             names.REQUESTS,
-            "Finished requests by outcome",
-            ["model", "outcome"],
+            "Finished requests by API (chat, completions, responses, messages, embeddings) and "
+            "outcome",
+            ["model", "api", "outcome"],
             registry=self.registry,
         )
         self.structured = Counter(
@@ -163,11 +178,11 @@ class ServerMetrics:
         self.grammar_compile.labels(self.model).observe(seconds)
 
     def observe_finished(
-        self, output: RequestOutput | None, outcome: str, adapter: str | None = None
+        self, output: RequestOutput | None, outcome: str, api: str, adapter: str | None = None
     ) -> None:
-        """Record one finished request (output None: it failed before producing any); one for
-        a LoRA adapter is also counted under its name."""
-        self.requests.labels(self.model, outcome).inc()
+        """Record one finished request (output None: it failed before producing any) of an API
+        (api_of()); one for a LoRA adapter is also counted under its name."""
+        self.requests.labels(self.model, api, outcome).inc()
         if adapter is not None:
             self.adapters.observe(adapter, output, outcome)
         if output is None:

@@ -10,8 +10,10 @@ import httpx
 import openai
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from kvpilot_common import metric_names as names
 from kvpilot_server.api.fields import REFUSED_RESPONSES
 from kvpilot_server.api.responses_api.request import ResponsesRequest
 
@@ -165,6 +167,36 @@ def test_previous_response_id_continues_three_turns_and_the_store_reads_and_dele
         small_client.responses.retrieve(second.id)
     with pytest.raises(openai.NotFoundError, match="previous_response_id"):
         small_client.responses.create(model="tiny", input="Hi", previous_response_id=second.id)
+
+
+def _requests_by_api(base: str) -> dict[str, float]:
+    text = httpx.get(f"{base}/metrics", timeout=5).text
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == names.REQUESTS:
+                api = sample.labels["api"]
+                counts[api] = counts.get(api, 0) + sample.value
+    return counts
+
+
+def test_each_api_counts_its_requests_under_its_own_label(small_server, small_client):
+    before = _requests_by_api(small_server)
+    small_client.responses.create(model="tiny", input="Hi", max_output_tokens=2)
+    small_client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+    )
+    small_client.completions.create(model="tiny", prompt="Hi", max_tokens=2)
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    assert httpx.post(f"{small_server}/v1/messages", json=body, timeout=30).status_code == 200
+    after = _requests_by_api(small_server)
+    grown = {api: after[api] - before.get(api, 0) for api in after}
+    assert {api: n for api, n in grown.items() if n} == {
+        "responses": 1,
+        "chat": 1,
+        "completions": 1,
+        "messages": 1,
+    }
 
 
 def test_input_items_list_a_stored_responses_own_input_in_pages(small_server, small_client):
