@@ -75,6 +75,21 @@ def model_serving() -> dashboard.Dashboard:
         )
         .with_panel(
             panel(
+                "Requests/s by API",
+                "Finished engine requests per second by the API they came by: chat, "
+                "completions, responses (OpenAI's Responses API), messages (Anthropic's "
+                "Messages API), embeddings. Counted as in Requests/s by outcome.",
+                [
+                    (
+                        f"sum by (model, api) ({rate(names.REQUESTS, ENGINE)})",
+                        "{{model}} {{api}}",
+                    )
+                ],
+                unit="reqps",
+            )
+        )
+        .with_panel(
+            panel(
                 "Rejected ratio (429 queue full, 400 over a limit)",
                 'There is no status-code metric: this is outcome="rejected", requests refused '
                 "before running: 429s (waiting queue full) and 400s from the cost limits "
