@@ -5,10 +5,11 @@ refused in words (hosted tools, images, background runs), never dropped."""
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from kvpilot_common.errors import InvalidRequestError
 from kvpilot_server.api.chat import MAX_TOOLS
+from kvpilot_server.api.messages_api.request import TextOr
 from kvpilot_server.api.protocol import Body, PositiveInt
 
 MAX_ITEMS = 2048  # input items per request (docs/limits.md)
@@ -31,7 +32,7 @@ class ContentPart(_Item):
 class MessageItem(_Item):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | Annotated[list[ContentPart], Field(max_length=MAX_ITEMS)]
+    content: TextOr[Annotated[list[ContentPart], Field(max_length=MAX_ITEMS)]]
 
 
 class FunctionCallItem(_Item):
@@ -44,7 +45,7 @@ class FunctionCallItem(_Item):
 class FunctionCallOutputItem(_Item):
     type: Literal["function_call_output"]
     call_id: str
-    output: str | Annotated[list[ContentPart], Field(max_length=MAX_ITEMS)]
+    output: TextOr[Annotated[list[ContentPart], Field(max_length=MAX_ITEMS)]]
 
 
 class ReasoningItem(_Item):
@@ -57,7 +58,24 @@ class OtherItem(_Item):
     type: str
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | OtherItem
+_KNOWN_ITEMS = {"message", "function_call", "function_call_output", "reasoning"}
+
+
+def _item_kind(data: Any) -> str:
+    """An item's model by its `type` (a message's may be left out, as the SDK's easy input
+    messages do): a bad item's error is then its own model's, not a union's first mismatch."""
+    kind = data.get("type", "message") if isinstance(data, dict) else getattr(data, "type", None)
+    return kind if kind in _KNOWN_ITEMS else "other"
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[OtherItem, Tag("other")],
+    Discriminator(_item_kind),
+]
 
 
 class FunctionTool(_Item):
@@ -86,6 +104,17 @@ class TextConfig(Body):
     verbosity: Literal["medium"] | None = None  # the only one kvpilot's models have
 
 
+def _choice_kind(value: Any) -> str:
+    return "mode" if isinstance(value, str) else "function"
+
+
+ToolChoice = Annotated[
+    Annotated[Literal["none", "auto", "required"], Tag("mode")]
+    | Annotated[NamedFunction, Tag("function")],
+    Discriminator(_choice_kind),
+]
+
+
 class ReasoningConfig(Body):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # kvpilot writes no summaries: the reasoning text itself comes back as reasoning_text.
@@ -94,10 +123,10 @@ class ReasoningConfig(Body):
 
 class ResponsesRequest(Body):
     model: str | None = None
-    input: str | Annotated[list[InputItem], Field(max_length=MAX_ITEMS)]
+    input: TextOr[Annotated[list[InputItem], Field(max_length=MAX_ITEMS)]]
     instructions: str | None = None
     tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
