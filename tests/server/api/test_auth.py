@@ -76,3 +76,30 @@ def test_access_log_is_json_without_prompt_or_key(keyed):
     assert records[0]["status"] == 200 and records[0]["completion_tokens"] == 4
     assert records[0]["outcome"] == "length" and records[0]["ttft_s"] >= 0
     assert "secret prompt" not in text and "sk-first" not in text and "sk-second" not in text
+
+
+def test_another_tenants_stored_response_is_the_same_404_as_one_never_stored(secured):
+    """sk-first and sk-second are two tenants (keys without a name are each their own): the
+    second's GET, DELETE and continuation of the first's stored id answer what an id never
+    stored answers, in the same words, so ids cannot be probed; the first's id stays its own."""
+    owner = openai.OpenAI(base_url=f"{secured}/v1", api_key="sk-first", max_retries=0)
+    kept = owner.responses.create(model="tiny", input="x", max_output_tokens=2, store=True)
+    other = {"Authorization": "Bearer sk-second"}
+    url = f"{secured}/v1/responses"
+
+    def answers(response_id: str) -> list[tuple[int, str]]:
+        replies = [
+            httpx.get(f"{url}/{response_id}", headers=other),
+            httpx.delete(f"{url}/{response_id}", headers=other),
+            httpx.post(
+                url,
+                headers=other,
+                json={"input": "x", "max_output_tokens": 2, "previous_response_id": response_id},
+            ),
+        ]
+        return [(r.status_code, r.text.replace(response_id, "<id>")) for r in replies]
+
+    theirs = answers(kept.id)
+    assert theirs == answers("resp_" + "0" * 32)
+    assert [status for status, _ in theirs] == [404] * 3 and "never stored" in theirs[0][1]
+    assert owner.responses.retrieve(kept.id).output_text == kept.output_text
