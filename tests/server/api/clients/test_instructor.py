@@ -5,15 +5,14 @@ the keys its schema names.
 
 instructor is not in the test extra: every release (1.17.0 the newest) caps jiter below 0.15,
 and openai 3.50 and later (pydantic-ai's openai extra among those asking for it) need 0.16 or
-later, so no resolver installs both. Where it is installed beside them (`pip install
---no-deps instructor==1.17.0`: it runs on the newer jiter), these tests run; elsewhere they
-skip, saying so."""
+later, so no resolver installs both. scripts/setup.sh installs it without its dependencies (it
+runs on the newer jiter)."""
 
 from collections.abc import Iterable
 from typing import Any
 
+import instructor
 import openai
-import pytest
 
 from tests.server.api.clients.shapes import (
     MODEL,
@@ -27,12 +26,8 @@ from tests.server.api.clients.shapes import (
     typed,
 )
 
-instructor = pytest.importorskip(
-    "instructor", reason="instructor's jiter cap conflicts with openai's: see the docstring"
-)
 
-
-def _client(server: str, recorder: Recorder) -> Any:  # instructor.Instructor: imported late
+def _client(server: str, recorder: Recorder) -> Any:  # an instructor.Instructor
     raw = openai.OpenAI(
         base_url=f"{server}/v1", api_key="unused", max_retries=0, http_client=recorder.client()
     )
