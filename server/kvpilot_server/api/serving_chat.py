@@ -57,7 +57,11 @@ class ServingChat:
         )
 
     async def prepare(
-        self, request: Request, parsed: ChatCompletionRequest, headers: dict[str, str]
+        self,
+        request: Request,
+        parsed: ChatCompletionRequest,
+        headers: dict[str, str],
+        overflow: ContextOverflow | None = None,  # the request's own policy; None: the server's
     ) -> ChatInput:
         """The prompt under the context policy, the output's shape and the constraint its
         tools, format and reasoning make (set on `parsed`)."""
@@ -70,7 +74,7 @@ class ServingChat:
             inputs,
             messages,
             parsed.requested_tokens,
-            self.overflow,
+            overflow or self.overflow,
             tools,
             parsed.template_kwargs(),
         )

@@ -138,7 +138,9 @@ class ResponsesRequest(Body):
     previous_response_id: Annotated[str, Field(max_length=128)] | None = None
     stream: bool = False
     service_tier: Literal["auto", "default", "flex"] | None = None
-    truncation: Literal["disabled"] | None = None  # "auto": the server's --context-overflow
+    # auto: the oldest turns dropped to fit the context; disabled: a 400 when it does not fit;
+    # absent: the server's --context-overflow decides (ServingResponses).
+    truncation: Literal["auto", "disabled"] | None = None
     # Accepted as OpenAI reads them: who the end user is, a cache-routing hint. Neither changes
     # the answer; kvpilot's prefix cache needs no key.
     user: str | None = None
@@ -149,6 +151,7 @@ class ResponsesRequest(Body):
     top_k: int | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    ignore_eos: bool | None = None  # outputs run to max_output_tokens (benchmarks)
 
     def chat_body(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The chat request this one is: `history` (a stored conversation continued) before
@@ -168,6 +171,7 @@ class ResponsesRequest(Body):
             "top_k": self.top_k,
             "min_p": self.min_p,
             "repetition_penalty": self.repetition_penalty,
+            "ignore_eos": self.ignore_eos,
             "service_tier": self.service_tier,
         }
         body |= {key: value for key, value in sampling.items() if value is not None}

@@ -18,6 +18,7 @@ from kvpilot_common.http.auth import caller
 from kvpilot_common.http.errors import from_exception
 from kvpilot_server.api.fields import REFUSED_RESPONSES, check_extras, ignored_header
 from kvpilot_server.api.generation import Generation, Run
+from kvpilot_server.api.prompts import ContextOverflow
 from kvpilot_server.api.protocol import ChatCompletionRequest
 from kvpilot_server.api.responses_api.input_items import input_items, page
 from kvpilot_server.api.responses_api.output import ResponseBuilder, usage
@@ -52,7 +53,7 @@ class ServingResponses:
             history = self.store.get(owner, parsed.previous_response_id, where).conversation
         body = parsed.chat_body(history)
         chat = await self.engine.process(ChatCompletionRequest.model_validate, body)
-        ready = await self.chat.prepare(request, chat, headers)
+        ready = await self.chat.prepare(request, chat, headers, self._overflow(parsed))
         # The tag the gateway names this replica by, believed only from the gateway.
         tag = (
             request.headers.get(trust.REPLICA_HEADER) if self.intake.from_gateway(request) else None
@@ -136,6 +137,13 @@ class ServingResponses:
         reasoning = len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
         return usage(output, reasoning)
 
+    def _overflow(self, parsed: ResponsesRequest) -> ContextOverflow:
+        """`truncation` as the context policy: auto drops the oldest turns (as OpenAI drops
+        the conversation's first items), disabled refuses; absent, the server's policy."""
+        if parsed.truncation is None:
+            return self.chat.overflow
+        return "truncate-oldest" if parsed.truncation == "auto" else "reject"
+
     def _echo(self, parsed: ResponsesRequest, lora: str | None) -> Body:
         """The request's settings as the response object repeats them."""
         tools = [
@@ -169,7 +177,7 @@ class ServingResponses:
                 if text_format
                 else {"type": "text"}
             },
-            "truncation": parsed.truncation or "disabled",
+            "truncation": "auto" if self._overflow(parsed) == "truncate-oldest" else "disabled",
             "metadata": parsed.metadata or {},
             "store": parsed.store,
             "service_tier": parsed.service_tier or "default",

@@ -199,6 +199,27 @@ def test_each_api_counts_its_requests_under_its_own_label(small_server, small_cl
     }
 
 
+def test_truncation_auto_drops_the_oldest_turns_and_disabled_refuses(small_server, small_client):
+    """A conversation longer than the context: `auto` answers from its latest turns (the
+    system turn kept), `disabled` and the server's own policy (reject) refuse it in words."""
+    turn = "the quick brown fox jumps over the lazy dog " * 40
+    conversation = [{"role": "system", "content": "Be brief."}]
+    for i in range(6):
+        conversation += [
+            {"role": "user", "content": f"{i} {turn}"},
+            {"role": "assistant", "content": "Noted."},
+        ]
+    conversation.append({"role": "user", "content": "Sum it up."})
+    asked = {"model": "tiny", "input": conversation, "max_output_tokens": 4}
+    cut = small_client.responses.create(**asked, truncation="auto")
+    assert cut.truncation == "auto" and 0 < cut.usage.input_tokens <= 1024 - 4
+    for refused in ({"truncation": "disabled"}, {}):
+        answer = httpx.post(f"{small_server}/v1/responses", json=asked | refused, timeout=30)
+        assert answer.status_code == 400 and "context" in answer.json()["error"]["message"]
+    whole = small_client.responses.create(model="tiny", input="Hi", max_output_tokens=2)
+    assert whole.truncation == "disabled"
+
+
 def test_input_items_list_a_stored_responses_own_input_in_pages(small_server, small_client):
     """The items as sent (a client's id kept, one added where missing), validated against the
     SDK's own item types, newest first by default, paged by `after`; a bad query is a 400."""
