@@ -10,7 +10,8 @@ Outcomes: ok, cancelled, http_<code> (429 is a rejection; every other 4xx and 5x
 stream_error (an error event after the stream began), timeout (the client's own deadline),
 connection_error (refused, reset, or a stream cut short), interrupted (stopped by Ctrl-C).
 
-A structured request (its planned variant) sends `response_format` or `tools` and
+The Responses API's answers are read as chat's (responses_wire.py). A structured request (its
+planned variant) sends `response_format` or `tools` and
 `tool_choice`; a streamed tool call's name and argument fragments are tokens like content's. Its
 answer, put together from the deltas when streamed, is checked when it completed (validity.py).
 """
@@ -18,16 +19,28 @@ answer, put together from the deltas when streamed, is checked when it completed
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
 import httpx
 
+from kvpilot_bench import responses_wire
 from kvpilot_bench.prompts import Job
 from kvpilot_bench.validity import Answer, Reassembly, check
 
 # OpenAI-shaped error bodies name the status as a code ("request_timeout"); back to numbers.
 _CODES = {s.phrase.lower().replace(" ", "_"): s.value for s in HTTPStatus}
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "responses": responses_wire.PATH,
+}
+Read = Callable[[dict], dict]  # an answer's JSON as the chat API would say it
+
+
+def _as_is(answer: dict) -> dict:
+    return answer
 
 
 @dataclass(frozen=True)
@@ -98,9 +111,10 @@ async def send(
 ) -> None:
     """Fill `rec` with what happened to `job`. Never raises but for cancellation."""
     cls, planned = job.planned.cls, job.planned
-    path = "/v1/chat/completions" if cls.api == "chat" else "/v1/completions"
+    responses = cls.api == "responses"  # read as chat says it (responses_wire)
+    sent = responses_wire.body(job, endpoint.model) if responses else body(job, endpoint.model)
     request = http.build_request(
-        "POST", endpoint.root + path, json=body(job, endpoint.model), headers=endpoint.headers
+        "POST", endpoint.root + PATHS[cls.api], json=sent, headers=endpoint.headers
     )
     cancel_at = planned.cancel_after_s
     limit = timeout_s if cancel_at is None else min(timeout_s, cancel_at)
@@ -113,11 +127,15 @@ async def send(
     try:
         async with asyncio.timeout(limit):
             if cls.stream:
-                await _stream(http, request, rec, start, planned.cancel_after_tokens, assembly)
+                read = responses_wire.as_chunk if responses else _as_is
+                await _stream(
+                    http, request, rec, start, planned.cancel_after_tokens, assembly, read
+                )
                 if assembly is not None:
                     answer = assembly.answer()
             else:
-                answer = await _whole(http, request, rec)
+                read = responses_wire.as_completion if responses else _as_is
+                answer = await _whole(http, request, rec, read)
     except TimeoutError:
         rec.outcome = "cancelled" if cancel_at is not None and cancel_at <= timeout_s else "timeout"
     except httpx.TimeoutException:
@@ -140,6 +158,7 @@ async def _stream(
     start: float,
     cancel_after_tokens: int | None,
     assembly: Reassembly | None = None,
+    read: Read = _as_is,
 ) -> None:
     response = await http.send(request, stream=True)
     try:
@@ -156,7 +175,7 @@ async def _stream(
             if data == "[DONE]":
                 finished = True
                 break
-            chunk = json.loads(data)
+            chunk = read(json.loads(data))
             if "error" in chunk:
                 _stream_error(rec, chunk["error"])
                 return
@@ -198,13 +217,15 @@ def _has_text(choice: dict) -> bool:
     )
 
 
-async def _whole(http: httpx.AsyncClient, request: httpx.Request, rec: Record) -> Answer:
+async def _whole(
+    http: httpx.AsyncClient, request: httpx.Request, rec: Record, read: Read = _as_is
+) -> Answer:
     response = await http.send(request)
     rec.status = response.status_code
     if response.status_code != 200:
         _http_error(rec, response)
         return Answer()
-    answer = response.json()
+    answer = read(response.json())
     _usage(rec, answer.get("usage"))
     rec.outcome = "ok"
     choices = answer.get("choices") or [{}]

@@ -149,7 +149,7 @@ def jobs(
             added = known if known is not None else _estimate(instruction_text(variant))
         if isinstance(source, Corpus):
             overhead = 0
-            if p.cls.api == "chat":
+            if p.cls.api in ("chat", "responses"):  # both through the chat template
                 known = counter.chat_overhead
                 overhead = DEFAULT_CHAT_OVERHEAD if known is None else known
             tokens, max_tokens = fit(

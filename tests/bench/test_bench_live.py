@@ -33,6 +33,13 @@ SUMMARIZE = {
     "prompt_tokens": {"dist": "uniform", "min": 100, "max": 160},
     "output_tokens": {"dist": "uniform", "min": 8, "max": 24},
 }
+AGENT = {  # the Responses API, streamed, its outputs run to length (ignore_eos)
+    "name": "agent",
+    "share": 0.2,
+    "api": "responses",
+    "prompt_tokens": {"dist": "uniform", "min": 16, "max": 64},
+    "output_tokens": {"dist": "uniform", "min": 8, "max": 24},
+}
 BATCH = {
     "name": "batch",
     "share": 0.2,
@@ -74,7 +81,8 @@ def _adds_up(summary: dict) -> bool:
 
 
 def test_mixed_run_adds_up_and_cancellations_abort_on_the_server(tiny_server, tmp_path):
-    workload = _workload(tmp_path, [CHAT, SUMMARIZE, BATCH], {"process": "poisson", "rate": 6})
+    classes = [CHAT, SUMMARIZE, AGENT, BATCH]
+    workload = _workload(tmp_path, classes, {"process": "poisson", "rate": 6})
     before = _server_outcomes(tiny_server)
     json_out, png = tmp_path / "r.json", tmp_path / "r.png"
     done, doc = _bench(
@@ -87,7 +95,9 @@ def test_mixed_run_adds_up_and_cancellations_abort_on_the_server(tiny_server, tm
     totals = run["totals"]
     assert run["planned"] == totals["sent"] > 10 and not run["interrupted"]
     assert _adds_up(totals) and all(_adds_up(c) for c in run["classes"].values())
-    assert set(run["classes"]) == {"chat", "summarize", "batch"}
+    assert set(run["classes"]) == {"chat", "summarize", "agent", "batch"}
+    agent = run["classes"]["agent"]  # read from the Responses API's typed events
+    assert agent["ok"] == agent["sent"] > 0 and agent["ttft_ms"]["count"] == agent["ok"]
     assert totals["ok"] > 0 and totals["cancelled"] > 0
     assert run["classes"]["chat"]["cancelled"] == totals["cancelled"]
     assert run["token_counter"] == "server /tokenize" and run["model"] == "tiny"
