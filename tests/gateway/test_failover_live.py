@@ -231,7 +231,7 @@ def test_a_stored_conversation_goes_on_at_its_replica_whatever_the_balancer_pick
 
         servers.kill(by_tag[tags.pop()])
         wait_for("one server usable", lambda: _usable(gateway) == 1, timeout=30)
-        with pytest.raises(openai.NotFoundError, match="has left .* or is not ready"):
+        with pytest.raises(openai.NotFoundError, match=r"has left .* or is not ready"):
             client.responses.create(
                 model="tiny", input="Still there?", previous_response_id=turns[-1].id
             )
