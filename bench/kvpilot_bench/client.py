@@ -126,6 +126,7 @@ async def send(
     start = time.perf_counter()
     try:
         async with asyncio.timeout(limit):
+            read: Read
             if cls.stream:
                 read = responses_wire.as_chunk if responses else _as_is
                 await _stream(
