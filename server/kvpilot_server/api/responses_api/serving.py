@@ -6,7 +6,7 @@ build the response (output.py); a stored response's conversation is what a conti
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -132,10 +132,12 @@ class ServingResponses:
             yield f": {trust.USAGE_COMMENT} {run.done.tokens()}\n\n"
 
     def _usage(self, output: Any, builder: ResponseBuilder) -> Body:
-        text = builder.reasoning_text
-        tokenizer = self.engine.inputs.tokenizer
-        reasoning = len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
-        return usage(output, reasoning)
+        reasoning = builder.shape.reasoning
+        tokens = 0
+        if builder.reasoning_text and reasoning is not None:
+            decode = self.engine.inputs.tokenizer.decode
+            tokens = thinking_tokens(output.outputs[0].token_ids, reasoning.end, decode)
+        return usage(output, tokens)
 
     def _overflow(self, parsed: ResponsesRequest) -> ContextOverflow:
         """`truncation` as the context policy: auto drops the oldest turns (as OpenAI drops
@@ -202,6 +204,24 @@ class Kept:
             turn = assistant_turn(builder.items)
             conversation = [*self.asked, turn]
             self.serving.store.put(self.owner, builder.response, conversation, self.items)
+
+
+def thinking_tokens(ids: list[int], end: str, decode: Callable[[list[int]], str]) -> int:
+    """How many of the generated tokens were thinking: those up to the one that completes the
+    end tag (all of them if it never came: the tokens ran out while thinking). Counted on the
+    tokens, not by encoding the reasoning text again, which can give more tokens than were
+    generated (a token's partial UTF-8 decodes to a replacement character). Whether the tag
+    is in the first k tokens' text only turns true as k grows: bisected, a few decodes."""
+    low, high = 0, len(ids)  # the tag is not in ids[:low]'s text; it may be in ids[:high]'s
+    if end not in decode(ids):
+        return len(ids)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if end in decode(ids[:middle]):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def assistant_turn(items: list[Body]) -> Body:
