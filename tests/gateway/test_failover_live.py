@@ -5,6 +5,7 @@ official openai client, reads on and gets exactly what an uninterrupted run give
 ids and usage, greedy and sampled with a seed, and the gateway counts one resume. A non-streamed
 request whose server is killed mid-generation is sent again to the other and answers the same."""
 
+import contextlib
 import os
 import threading
 import time
@@ -115,6 +116,7 @@ def setup(running) -> Iterator[tuple[Servers, Gateway, openai.OpenAI, "Counts"]]
     try:
         yield servers, gateway, client, Counts(gateway)
     finally:
+        client.close()  # no socket left for a later test's warnings-as-errors to find
         print(gateway.log()[-3000:])  # shown by pytest when the test fails
 
 
@@ -195,9 +197,11 @@ def test_a_stored_conversation_goes_on_at_its_replica_whatever_the_balancer_pick
     gateway = Gateway(None, None, tmp_path / "round-robin.log", "--backend", backends)
     gateway.args += ("--scrape-interval", "0.2", "--routing", "round-robin", "--backend-secret")
     gateway.start()
+    stack = contextlib.ExitStack()
     try:
         wait_for("both servers usable", lambda: _usable(gateway) == 2, timeout=30)
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="-", max_retries=0)
+        stack.callback(client.close)
         turns = [client.responses.create(model="tiny", input="Say hello", max_output_tokens=4)]
         for words in ("Again", "Once more"):
             turns.append(
@@ -236,5 +240,6 @@ def test_a_stored_conversation_goes_on_at_its_replica_whatever_the_balancer_pick
                 model="tiny", input="Still there?", previous_response_id=turns[-1].id
             )
     finally:
+        stack.close()
         gateway.stop()
         print(gateway.log()[-3000:])
